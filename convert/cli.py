@@ -1,0 +1,158 @@
+"""Command line: ``python -m convert SRC OUT [options]`` and its sub-commands.
+
+    python -m convert SRC OUT ...     convert a dataset into clip shards
+    python -m convert verify OUT      check every shard against the manifest
+    python -m convert inspect OUT     summarise, optionally draw a contact sheet
+    python -m convert demo [--out D]  synthesise a small dataset and convert it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from .clips import SHORT_POLICIES
+from .codecs import CODECS
+from .plan import BACKENDS, DAMAGE_POLICIES, ConvertConfig, PlanError
+from .sources import SourceError
+from .supervise import ShardOptions
+
+SUBCOMMANDS = ("verify", "inspect", "demo")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"size must be HxW (height x width, e.g. 128x171), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a byte count like 512M or 2G, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def add_convert_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("source")
+    g.add_argument("--videos", metavar="DIR", help="video root for a CSV or list file (a CSV needs it; a list "
+                   "file defaults to its own folder). Entries must resolve inside it")
+    g.add_argument("--split", help="CSV only: keep rows whose 'split' column equals this (train, val, test)")
+    g.add_argument("--classes", metavar="FILE", dest="classes_file",
+                   help="class names, one per line, fixing label order (default: sorted names found)")
+    g = p.add_argument_group("output")
+    g.add_argument("--backend", default="lmdb", choices=BACKENDS, help="shard store (default lmdb)")
+    g.add_argument("--codec", default="raw", choices=list(CODECS),
+                   help="clip payload: raw bytes, lz4 block (lossless, DALI-inflatable) or per-frame jpeg (lossy)")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
+                      help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
+    size.add_argument("--short-side", type=int, metavar="S", help="resize so the shorter side is S, keeping aspect")
+    g.add_argument("--fps", type=float, help="resample to this frame rate by timestamps (default: keep every frame)")
+    g.add_argument("--clip-len", type=int, default=16, help="frames per clip (default 16)")
+    g.add_argument("--stride", type=int, default=1, help="take every Nth frame inside a clip (default 1)")
+    g.add_argument("--step", type=int, help="frames between clip starts (default clip-len x stride: no overlap)")
+    g.add_argument("--max-clips", type=int, help="at most this many clips per video (the first ones)")
+    g.add_argument("--short", default="skip", choices=SHORT_POLICIES,
+                   help="a video shorter than one clip: skip it, loop it, or repeat its last frame (default skip)")
+    g.add_argument("--on-damage", default="keep", choices=DAMAGE_POLICIES,
+                   help="a video that breaks part-way: keep the clips before the damage, or skip it (default keep)")
+    g = p.add_argument_group("running")
+    g.add_argument("--workers", type=int, default=0, help="parallel shard processes (default: every core)")
+    g.add_argument("--shards", type=int, help="number of shards (default: 2 per worker, at most 1000 videos each); "
+                   "fixed at the first run")
+    g.add_argument("--video-timeout", type=float, default=300.0,
+                   help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
+    g.add_argument("--retries", type=int, default=1, help="retries of a video whose decoder crashed or hung (default 1)")
+    g.add_argument("--decode-threads", type=int, default=1,
+                   help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
+    g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
+                   "the map grows before each video from its probed size, and again if ever full)")
+    g.add_argument("--compact", action="store_true", help="rewrite each finished shard without free pages")
+    g.add_argument("--dask", metavar="ADDRESS", help="run shards on a Dask cluster (scheduler address, or 'local'); "
+                   "OUT must be on storage every Dask worker sees")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m convert",
+        description="Decode every video once into fixed-length uint8 RGB clips stored in shards. "
+                    "Sub-commands: 'verify OUT', 'inspect OUT', 'demo' (see 'python -m convert verify --help').",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
+                   "or a folder of class folders")
+    p.add_argument("out", metavar="OUT", help="output folder: shards/, manifest.json, report.jsonl, plan.json, logs/")
+    add_convert_options(p)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]:
+    from .job import JobOptions
+
+    size = None if args.short_side else (args.size or (128, 171))
+    config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
+                           fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,
+                           max_clips=args.max_clips, short=args.short, on_damage=args.on_damage)
+    for name in ("workers", "retries", "decode_threads"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.shards is not None and args.shards < 1:
+        raise ValueError("--shards must be >= 1")
+    if args.video_timeout <= 0:
+        raise ValueError("--video-timeout must be > 0")
+    shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
+                         map_size=args.map_size, compact=args.compact)
+    opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
+                      progress=not args.no_progress and sys.stderr.isatty())
+    return config, opts
+
+
+def print_summary(out: str, result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    st = result["status_counts"]
+    tot = result["totals"]
+    short = st.get("short", 0) + st.get("padded", 0)
+    failed = st.get("failed", 0) + st.get("partial", 0)
+    if result.get("already_complete"):
+        print(f"{out}: already complete, nothing to do")
+    secs = result.get("seconds", 0.0)
+    print(f"videos: {st.get('ok', 0)} ok, {short} short ({st.get('padded', 0)} padded), "
+          f"{failed} failed ({st.get('partial', 0)} kept partly), {st.get('missing', 0)} missing, "
+          f"{st.get('rejected', 0)} rejected")
+    print(f"clips:  {tot['clips']} in {len(result['shards'])} {result['backend']} shard(s), codec {result['codec']}, "
+          f"shape {result['clip_shape'] or 'varies (short side)'}, {tot['value_bytes'] / 2**20:.1f} MiB")
+    if secs:
+        print(f"time:   {secs:.1f} s, {tot['clips'] / secs:.1f} clips/s")
+    print(f"shards: {os.path.join(out, 'shards')}  manifest: {os.path.join(out, 'manifest.json')}  "
+          f"report: {os.path.join(out, 'report.jsonl')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from . import tools
+
+        return tools.main(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config, opts = config_from_args(args)
+        from .job import run_job
+
+        result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
+                         classes_file=args.classes_file)
+    except (SourceError, PlanError, ValueError, OSError) as exc:
+        print(f"convert: error: {exc}", file=sys.stderr)
+        return 2
+    print_summary(args.out, result, args.json)
+    return 0

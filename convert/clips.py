@@ -1,0 +1,130 @@
+"""Cut a stream of frames into fixed-length clips.
+
+Streaming: only the frames the next clip still needs are kept, so a long video
+never sits in memory whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+SHORT_POLICIES = ("skip", "loop", "repeat_last")
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """``clip_len`` frames ``stride`` apart; clip starts ``step`` apart (default: no overlap)."""
+
+    clip_len: int = 16
+    stride: int = 1
+    step: int | None = None
+    max_clips: int | None = None
+    short: str = "skip"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.clip_len <= 65535:
+            raise ValueError(f"clip_len must be in 1..65535, got {self.clip_len}")
+        if self.stride < 1:
+            raise ValueError(f"stride must be >= 1, got {self.stride}")
+        if self.step is not None and self.step < 1:
+            raise ValueError(f"step must be >= 1, got {self.step}")
+        if self.max_clips is not None and self.max_clips < 1:
+            raise ValueError(f"max_clips must be >= 1, got {self.max_clips}")
+        if self.short not in SHORT_POLICIES:
+            raise ValueError(f"short policy must be one of {', '.join(SHORT_POLICIES)}, got {self.short!r}")
+
+    @property
+    def span(self) -> int:
+        """Source frames one clip covers, first to last."""
+        return (self.clip_len - 1) * self.stride + 1
+
+    @property
+    def start_step(self) -> int:
+        return self.step if self.step is not None else self.clip_len * self.stride
+
+    def count(self, n_frames: int) -> int:
+        """Clips a video of ``n_frames`` gives (short videos: 1 if padded, else 0)."""
+        if n_frames < self.span:
+            return 0 if self.short == "skip" or n_frames == 0 else 1
+        n = (n_frames - self.span) // self.start_step + 1
+        return min(n, self.max_clips) if self.max_clips else n
+
+
+@dataclass(frozen=True)
+class Clip:
+    index: int
+    start_frame: int
+    frames: np.ndarray  # (T, H, W, 3) uint8
+
+
+class ClipCutter:
+    """Feed frames in order; full clips come out as soon as their last frame arrives.
+
+    After the frames run out, ``padded()`` gives the one clip a short video gets
+    under the loop / repeat_last policies, and ``frames_seen`` the frame count.
+    """
+
+    def __init__(self, spec: ClipSpec) -> None:
+        self.spec = spec
+        self.frames_seen = 0
+        self.emitted = 0
+        self._buf: dict[int, np.ndarray] = {}
+        self._next_start = 0
+
+    @property
+    def done(self) -> bool:
+        """True once ``max_clips`` clips are out: the caller may stop decoding."""
+        return self.spec.max_clips is not None and self.emitted >= self.spec.max_clips
+
+    def push(self, frame: np.ndarray) -> Clip | None:
+        s = self.spec
+        idx = self.frames_seen
+        self.frames_seen += 1
+        if self.done:
+            return None
+        # At most one clip span is buffered: frames before the next clip's start
+        # are never needed again (gaps when step > span are not kept at all).
+        if idx >= self._next_start:
+            self._buf[idx] = frame
+        if idx != self._next_start + s.span - 1:
+            return None
+        start = self._next_start
+        clip = np.stack([self._buf[start + j * s.stride] for j in range(s.clip_len)])
+        self._next_start += s.start_step
+        for k in [k for k in self._buf if k < self._next_start]:
+            del self._buf[k]
+        out = Clip(self.emitted, start, clip)
+        self.emitted += 1
+        return out
+
+    def padded(self) -> Clip | None:
+        """The single clip of a video shorter than one clip, or None (skip policy)."""
+        s = self.spec
+        n = self.frames_seen
+        if self.emitted or n == 0 or n >= s.span or s.short == "skip":
+            return None
+        want = [j * s.stride for j in range(s.clip_len)]
+        if s.short == "loop":
+            idx = [i % n for i in want]
+        else:
+            idx = [min(i, n - 1) for i in want]
+        clip = np.stack([self._buf[i] for i in idx])
+        self.emitted = 1
+        return Clip(0, 0, clip)
+
+
+def cut_clips(frames: Iterable[np.ndarray], spec: ClipSpec) -> Iterator[Clip]:
+    """All clips of a frame sequence, padded per the short policy when needed."""
+    cutter = ClipCutter(spec)
+    for frame in frames:
+        clip = cutter.push(frame)
+        if clip is not None:
+            yield clip
+        if cutter.done:
+            return
+    last = cutter.padded()
+    if last is not None:
+        yield last

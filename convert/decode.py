@@ -1,0 +1,221 @@
+"""Decode one video with PyAV into uint8 RGB frames of a fixed size.
+
+Resizing goes through a libavfilter graph (rotate, scale, then convert to RGB):
+measured about 2x faster than ``VideoFrame.reformat`` on 340x256 Kinetics
+footage. Frame selection for a target fps happens before the graph, so
+dropped frames are never scaled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import av
+import numpy as np
+
+
+class VideoError(Exception):
+    """This video cannot be used at all; ``str(err)`` is the reason."""
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """Output frames: fixed ``size`` (H, W), or ``short_side`` keeping aspect; optional fps."""
+
+    size: tuple[int, int] | None = (128, 171)
+    short_side: int | None = None
+    fps: float | None = None
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.size is None) == (self.short_side is None):
+            raise ValueError("give exactly one of size=(H, W) and short_side=S")
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 2 or max(self.size) > 8192):
+            raise ValueError(f"size must be (H, W) with 2 <= H, W <= 8192, got {self.size}")
+        if self.short_side is not None and not 2 <= self.short_side <= 8192:
+            raise ValueError(f"short_side must be in 2..8192, got {self.short_side}")
+        if self.fps is not None and not 0 < self.fps <= 1000:
+            raise ValueError(f"fps must be in (0, 1000], got {self.fps}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 lets FFmpeg choose), got {self.threads}")
+
+    def out_size(self, width: int, height: int) -> tuple[int, int]:
+        """(H, W) of the output for a displayed frame of ``width`` x ``height``."""
+        if self.size is not None:
+            return self.size
+        s = self.short_side
+        if width <= height:
+            return max(2, round(height * s / width)), s
+        return s, max(2, round(width * s / height))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the container says before decoding (used to pre-size the store)."""
+
+    width: int
+    height: int
+    rate: float
+    frames_estimate: int
+
+
+# FFmpeg's display-matrix convention: rotation is counter-clockwise degrees, and
+# the filters below turn the picture upright the way ffmpeg's autorotate does.
+_ROTATIONS = {90: ["transpose=cclock"], 180: ["hflip", "vflip"], 270: ["transpose=clock"]}
+
+
+def _rotation_filters(rotation: float) -> list[str]:
+    return _ROTATIONS.get(int(round(rotation)) % 360, [])
+
+
+class VideoDecoder:
+    """Iterate a video's frames as uint8 (H, W, 3) arrays.
+
+    Damage part-way (a packet the decoder rejects, a truncated file) stops the
+    iteration; ``damage`` then holds the reason, counted in decoded (not yet
+    resampled) frames. A video that cannot be opened raises ``VideoError``.
+    """
+
+    def __init__(self, path: str, spec: FrameSpec) -> None:
+        self.path = path
+        self.spec = spec
+        self.damage: str | None = None
+        self.frames_out = 0
+        self.frames_decoded = 0
+        try:
+            self._container = av.open(path, metadata_errors="ignore")
+        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+            raise VideoError(f"cannot open: {exc}") from exc
+        if not self._container.streams.video:
+            self._container.close()
+            raise VideoError("no video stream")
+        self._stream = self._container.streams.video[0]
+        self._stream.thread_type = "AUTO"
+        self._stream.thread_count = spec.threads
+        rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
+        self.rate = float(rate) if rate else 25.0
+
+    def probe(self) -> Probe:
+        s, c = self._stream, self._container
+        frames = s.frames
+        if not frames:
+            duration = None
+            if s.duration is not None and s.time_base is not None:
+                duration = float(s.duration * s.time_base)
+            elif c.duration is not None:
+                duration = c.duration / 1e6
+            frames = math.ceil(duration * self.rate) if duration else 300
+        if self.spec.fps is not None:
+            frames = math.ceil(frames * self.spec.fps / self.rate) + 1
+        return Probe(s.codec_context.width, s.codec_context.height, self.rate, int(frames))
+
+    def close(self) -> None:
+        self._container.close()
+
+    def __enter__(self) -> "VideoDecoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- decoding -----------------------------------------------------------
+    def _raw_frames(self) -> Iterator[av.VideoFrame]:
+        try:
+            for packet in self._container.demux(self._stream):
+                for frame in packet.decode():
+                    if frame.is_corrupt:
+                        self.damage = f"corrupt frame after {self.frames_decoded} good frames"
+                        return
+                    self.frames_decoded += 1
+                    yield frame
+        except (av.error.FFmpegError, EOFError) as exc:
+            # The decoder recovers after a bad packet, but what it shows next may
+            # reference the damaged picture; everything before is trustworthy.
+            self.damage = f"{type(exc).__name__} after {self.frames_decoded} good frames: {exc}"
+
+    def _timed(self) -> Iterator[tuple[float, av.VideoFrame]]:
+        """Frames with monotonic times; a missing or backward pts takes prev + 1/rate."""
+        prev = None
+        step = 1.0 / self.rate
+        for frame in self._raw_frames():
+            t = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
+            if prev is None:
+                t = t if t is not None else 0.0
+            elif t is None or t <= prev:
+                t = prev + step
+            prev = t
+            yield t, frame
+
+    def _selected(self) -> Iterator[tuple[av.VideoFrame, int]]:
+        """(frame, times to emit) after resampling to ``spec.fps`` by nearest timestamp."""
+        if self.spec.fps is None:
+            for _, frame in self._timed():
+                yield frame, 1
+            return
+        period = 1.0 / self.spec.fps
+        slot = 0
+        start = held = held_t = None
+        for t, frame in self._timed():
+            if held is None:
+                start, held, held_t = t, frame, t
+                continue
+            # Slots nearer to the held frame than to this one belong to the held frame.
+            bound = (held_t + t) / 2 - start
+            n = 0
+            while slot * period < bound - 1e-9:
+                slot += 1
+                n += 1
+            if n:
+                yield held, n
+            held, held_t = frame, t
+        if held is not None:
+            bound = held_t + 0.5 / self.rate - start
+            n = 0
+            while slot * period < bound - 1e-9:
+                slot += 1
+                n += 1
+            if n:
+                yield held, n
+
+    def _graph(self, frame: av.VideoFrame) -> av.filter.Graph:
+        rot = _rotation_filters(frame.rotation or 0)
+        w, h = frame.width, frame.height
+        if any("transpose" in f for f in rot):
+            w, h = h, w
+        out_h, out_w = self.spec.out_size(w, h)
+        graph = av.filter.Graph()
+        node = graph.add_buffer(width=frame.width, height=frame.height, format=frame.format.name,
+                                time_base=frame.time_base or self._stream.time_base)
+        chain = [graph.add(*f.split("=", 1)) for f in rot]
+        chain.append(graph.add("scale", f"{out_w}:{out_h}:flags=bilinear"))
+        chain.append(graph.add("format", "rgb24"))
+        chain.append(graph.add("buffersink"))
+        for nxt in chain:
+            node.link_to(nxt)
+            node = nxt
+        graph.configure()
+        return graph
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        graph = None
+        for frame, repeat in self._selected():
+            if graph is None:
+                graph = self._graph(frame)
+            graph.push(frame)
+            rgb = graph.pull().to_ndarray()
+            for i in range(repeat):
+                self.frames_out += 1
+                yield rgb if i == 0 else rgb.copy()
+        if self.frames_out == 0 and self.damage is None:
+            raise VideoError("no frames decoded")
+
+
+def decode_all(path: str, spec: FrameSpec) -> tuple[np.ndarray, str | None]:
+    """Every output frame of a video as one (N, H, W, 3) array, plus the damage reason."""
+    with VideoDecoder(path, spec) as dec:
+        frames = list(dec)
+        if not frames:
+            raise VideoError(dec.damage or "no frames decoded")
+        return np.stack(frames), dec.damage

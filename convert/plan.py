@@ -1,0 +1,152 @@
+"""The job's settings and its plan: which video goes to which shard.
+
+The plan is written once, atomically, at the first run and reused by every
+rerun, so a restart finds each video in the same shard whatever ``--workers``
+says. Settings that change the stored bytes are part of the plan; a rerun that
+disagrees with them is refused before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+from .clips import ClipSpec
+from .codecs import CODECS
+from .decode import FrameSpec
+from .format import FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, shard_name
+from .sources import Problem, Source, VideoItem
+
+DAMAGE_POLICIES = ("keep", "skip")
+BACKENDS = ("lmdb",)
+
+
+class PlanError(ValueError):
+    """OUT cannot take this job (another format, other settings)."""
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything that decides the bytes in the shards."""
+
+    backend: str = "lmdb"
+    codec: str = "raw"
+    size: tuple[int, int] | None = (128, 171)
+    short_side: int | None = None
+    fps: float | None = None
+    clip_len: int = 16
+    stride: int = 1
+    step: int | None = None
+    max_clips: int | None = None
+    short: str = "skip"
+    on_damage: str = "keep"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.codec not in CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)}")
+        if self.on_damage not in DAMAGE_POLICIES:
+            raise ValueError(f"on_damage must be one of {', '.join(DAMAGE_POLICIES)}, got {self.on_damage!r}")
+        self.frame_spec()  # validates size / short side / fps
+        self.clip_spec()
+
+    def frame_spec(self, threads: int = 1) -> FrameSpec:
+        return FrameSpec(size=tuple(self.size) if self.size else None, short_side=self.short_side,
+                         fps=self.fps, threads=threads)
+
+    def clip_spec(self) -> ClipSpec:
+        return ClipSpec(clip_len=self.clip_len, stride=self.stride, step=self.step,
+                        max_clips=self.max_clips, short=self.short)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["size"] = list(self.size) if self.size else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ConvertConfig":
+        d = dict(d)
+        d["size"] = tuple(d["size"]) if d.get("size") else None
+        return cls(**d)
+
+
+@dataclass
+class Plan:
+    config: ConvertConfig
+    classes: list[str]
+    shards: list[list[VideoItem]]
+    problems: list[Problem] = field(default_factory=list)
+    source: dict = field(default_factory=dict)
+
+    def shard_path(self, out: str, index: int) -> str:
+        return os.path.join(out, SHARD_DIR, shard_name(index))
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "source": self.source,
+            "config": self.config.to_dict(),
+            "classes": self.classes,
+            "shards": [{"name": shard_name(i), "items": [[it.id, it.path, it.label] for it in items]}
+                       for i, items in enumerate(self.shards)],
+            "problems": [asdict(p) for p in self.problems],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(
+            config=ConvertConfig.from_dict(d["config"]),
+            classes=d["classes"],
+            shards=[[VideoItem(*it) for it in s["items"]] for s in d["shards"]],
+            problems=[Problem(**p) for p in d["problems"]],
+            source=d["source"],
+        )
+
+
+def default_shards(n_videos: int, workers: int, videos_per_shard: int = 1000) -> int:
+    """Enough shards to keep every worker busy, and none over ``videos_per_shard``."""
+    return max(1, min(n_videos, max(math.ceil(n_videos / videos_per_shard), 2 * workers)))
+
+
+def make_plan(source: Source, config: ConvertConfig, n_shards: int, source_info: dict) -> Plan:
+    """Deal the sorted videos round-robin, so every shard gets a mix of classes."""
+    shards: list[list[VideoItem]] = [[] for _ in range(n_shards)]
+    for i, item in enumerate(source.items):
+        shards[i % n_shards].append(item)
+    return Plan(config, source.classes, shards, list(source.problems), source_info)
+
+
+def write_json_atomic(path: str, obj) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load_plan(out: str) -> Plan | None:
+    path = os.path.join(out, PLAN)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        d = json.load(fh)
+    if d.get("format") != FORMAT_NAME:
+        raise PlanError(f"{path}: not a {FORMAT_NAME} plan (format {d.get('format')!r})")
+    return Plan.from_dict(d)
+
+
+def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: str) -> None:
+    """Refuse a rerun whose settings would give different bytes than the first run."""
+    old, new = existing.config.to_dict(), config.to_dict()
+    diffs = [f"{k} {old[k]!r} -> {new[k]!r}" for k in old if old[k] != new.get(k)]
+    if existing.config.backend != config.backend:
+        raise PlanError(f"{out}: holds {existing.config.backend} shards, asked for {config.backend}; use another OUT")
+    if diffs:
+        raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use another OUT or the same options")
+    if existing.source.get("path") != source_info.get("path"):
+        raise PlanError(f"{out}: was converted from {existing.source.get('path')}, not {source_info.get('path')}; use another OUT")

@@ -1,0 +1,133 @@
+"""The process that decodes and writes one shard (``python -m convert.shard_worker``).
+
+It is started and watched by ``supervise.run_shard``: commands come as JSON
+lines on stdin, one answer per command goes back on a private copy of stdout.
+Running the decoder in its own process means an FFmpeg crash, a hang or the
+OOM killer takes down only this process, and the supervisor knows exactly which
+video was in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Callable
+
+from .clips import ClipCutter
+from .decode import VideoDecoder, VideoError
+from .plan import ConvertConfig, Plan, load_plan
+from .sources import VideoItem
+from .writers import WRITERS, DoneRecord, ShardWriter
+
+VALUE_OVERHEAD = 256  # header, key and LMDB node bytes per clip, rounded up
+
+
+def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
+                  decoder: VideoDecoder | None = None) -> Callable:
+    """A repeatable generator function: yields clips, returns the DoneRecord."""
+    frame_spec, clip_spec = config.frame_spec(threads), config.clip_spec()
+    first = [decoder]
+
+    def produce():
+        dec, first[0] = first[0], None
+        if dec is None:
+            try:
+                dec = VideoDecoder(item.path, frame_spec)
+            except VideoError as exc:
+                return (yield from failed_producer(item, str(exc))())
+        cutter = ClipCutter(clip_spec)
+        try:
+            with dec:
+                for frame in dec:
+                    clip = cutter.push(frame)
+                    if clip is not None:
+                        yield clip.index, clip.start_frame, clip.frames
+                    if cutter.done:
+                        break
+        except VideoError as exc:
+            return (yield from failed_producer(item, str(exc))())
+        n, frames = cutter.emitted, cutter.frames_seen
+        record = lambda status, clips, reason="": DoneRecord(  # noqa: E731
+            item.id, item.path, item.label, status, clips, frames, reason)
+        if dec.damage:
+            if config.on_damage == "skip":
+                return record("failed", 0, f"damaged, skipped by policy: {dec.damage}")
+            if n == 0:
+                return record("failed", 0, f"damaged before the first full clip: {dec.damage}")
+            return record("partial", n, f"kept {n} clips before the damage: {dec.damage}")
+        if n == 0:
+            last = cutter.padded()
+            if last is None:
+                return record("short", 0, f"{frames} frames, a clip needs {clip_spec.span}; skipped by policy")
+            yield last.index, last.start_frame, last.frames
+            return record("padded", 1, f"{frames} frames, a clip needs {clip_spec.span}; filled by {clip_spec.short}")
+        return record("ok", n)
+
+    return produce
+
+
+def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
+    probe = dec.probe()
+    h, w = config.frame_spec().out_size(probe.width, probe.height)
+    clips = max(1, config.clip_spec().count(probe.frames_estimate))
+    return clips * (config.clip_len * h * w * 3 + VALUE_OVERHEAD)
+
+
+def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> DoneRecord:
+    """Decode, cut and store one video; a video that cannot be opened is recorded as failed."""
+    try:
+        dec = VideoDecoder(item.path, config.frame_spec(threads))
+        estimate = estimate_bytes(dec, config)
+    except VideoError:
+        dec, estimate = None, 0  # the producer reopens it and records the reason
+    return writer.write_video(item.id, item.label, clip_producer(item, config, threads, dec), estimate)
+
+
+def failed_producer(item: VideoItem, reason: str) -> Callable:
+    """A producer with no clips whose record says the video failed."""
+    def produce():
+        return DoneRecord(item.id, item.path, item.label, "failed", 0, 0, reason)
+        yield  # pragma: no cover - a generator that yields nothing
+    return produce
+
+
+def open_writer(out: str, plan: Plan, index: int, map_size: int | None) -> ShardWriter:
+    return WRITERS[plan.config.backend](path=plan.shard_path(out, index), codec=plan.config.codec,
+                                        map_size=map_size)
+
+
+def main(argv: list[str]) -> int:
+    out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s shard %(process)d %(message)s")
+    # Answers go on a private descriptor; anything a library prints lands in the log.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    plan = load_plan(out)
+    items = plan.shards[index]
+    with open_writer(out, plan, index, opts.get("map_size")) as writer:
+        done = writer.done_records()
+        proto.write(json.dumps({"ready": True, "done": [i for i, it in enumerate(items) if it.id in done],
+                                "complete": writer.complete_record() is not None}) + "\n")
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["op"] == "video":
+                item = items[cmd["index"]]
+                rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
+                proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+            elif cmd["op"] == "fail":
+                item = items[cmd["index"]]
+                rec = writer.write_video(item.id, item.label, failed_producer(item, cmd["reason"]), 0)
+                proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+            elif cmd["op"] == "finish":
+                summary = writer.finish(compact=opts.get("compact", False))
+                proto.write(json.dumps({"finished": True, **summary}) + "\n")
+                break
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""LMDB shard writer: one environment per shard, one write transaction per video.
+
+A video's clips and its done record commit together, so after kill -9 a video
+is either wholly in the shard or wholly absent; a restart skips what is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from typing import Callable
+
+import lmdb
+
+from ..format import CLIP_PREFIX, COMPLETE_KEY, DONE_PREFIX, SHARD_KEY, done_key
+from .base import ClipProducer, DoneRecord, ShardWriter, checksum_update
+
+log = logging.getLogger(__name__)
+
+MIN_MAP_SIZE = 1 << 20
+HEADROOM = 1.5  # grow to used + 1.5x the next video's estimate (map size is virtual)
+MAX_GROWTHS = 40
+
+
+def used_bytes(env: lmdb.Environment) -> int:
+    return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+
+def iter_prefix(txn: lmdb.Transaction, prefix: bytes):
+    """(key, value) pairs whose key starts with ``prefix``, in key order."""
+    cur = txn.cursor()
+    if not cur.set_range(prefix):
+        return
+    n = len(prefix)
+    for key, value in cur:
+        if bytes(key[:n]) != prefix:
+            return
+        yield key, value
+
+
+class LmdbWriter(ShardWriter):
+    """Writes ``<path>/data.mdb``; the map grows on demand and never loses a clip."""
+
+    def __init__(self, *, path: str, codec: str, map_size: int | None = None) -> None:
+        super().__init__(path=path, codec=codec, map_size=map_size)
+        self._recover_compaction()
+        os.makedirs(path, exist_ok=True)
+        self.env = lmdb.open(path, map_size=max(map_size or 64 << 20, MIN_MAP_SIZE), subdir=True,
+                             readahead=False, meminit=False, max_dbs=0)
+        self.growths = 0
+        with self.env.begin(write=True) as txn:
+            meta = txn.get(SHARD_KEY)
+            if meta is None:
+                txn.put(SHARD_KEY, json.dumps({"codec": codec}).encode())
+            elif json.loads(meta)["codec"] != codec:
+                raise ValueError(f"{path}: shard holds codec {json.loads(meta)['codec']!r}, asked for {codec!r}")
+
+    def _recover_compaction(self) -> None:
+        """Finish a compaction that a kill interrupted between its two renames."""
+        tmp, old = self.path + ".compact", self.path + ".old"
+        if not os.path.exists(self.path) and os.path.exists(tmp) and os.path.exists(old):
+            os.rename(tmp, self.path)
+        for leftover in (tmp, old):
+            if os.path.exists(leftover) and os.path.exists(self.path):
+                shutil.rmtree(leftover)
+
+    def _grow(self, need: int) -> None:
+        new = max(self.env.info()["map_size"] * 2, used_bytes(self.env) + need)
+        if self.growths >= MAX_GROWTHS:
+            raise lmdb.MapFullError(f"{self.path}: map still full after {MAX_GROWTHS} growths")
+        log.info("%s: growing LMDB map to %d bytes", self.path, new)
+        self.env.set_mapsize(new)
+        self.growths += 1
+
+    def done_records(self) -> dict[str, DoneRecord]:
+        with self.env.begin() as txn:
+            return {k[len(DONE_PREFIX):].decode(): DoneRecord.from_bytes(v) for k, v in iter_prefix(txn, DONE_PREFIX)}
+
+    def write_video(self, video_id: str, label: int, produce: Callable[[], ClipProducer],
+                    estimate_bytes: int) -> DoneRecord:
+        need = int(estimate_bytes * HEADROOM) + (1 << 16)
+        if used_bytes(self.env) + need > self.env.info()["map_size"]:
+            self._grow(need)
+        while True:
+            gen = produce()
+            txn = self.env.begin(write=True)
+            try:
+                while True:
+                    try:
+                        clip_index, start, frames = next(gen)
+                    except StopIteration as stop:
+                        record: DoneRecord = stop.value
+                        break
+                    key, value = self.encode(video_id, label, clip_index, start, frames)
+                    txn.put(key, value)
+                if record.clips == 0:
+                    # Keep none of it (skip policy, or nothing usable): only the record.
+                    txn.abort()
+                    txn = self.env.begin(write=True)
+                txn.put(done_key(video_id), record.to_bytes())
+                txn.commit()
+                return record
+            except lmdb.MapFullError:
+                txn.abort()
+                gen.close()
+                self._grow(need)
+            except BaseException:
+                txn.abort()
+                gen.close()
+                raise
+
+    def complete_record(self) -> dict | None:
+        with self.env.begin() as txn:
+            raw = txn.get(COMPLETE_KEY)
+        return json.loads(raw) if raw is not None else None
+
+    def summarize(self) -> dict:
+        """Counts, payload bytes and the content checksum, from what the shard holds."""
+        h = hashlib.sha256()
+        clips = value_bytes = 0
+        with self.env.begin(buffers=True) as txn:
+            for key, value in iter_prefix(txn, CLIP_PREFIX):
+                checksum_update(h, bytes(key), value)
+                clips += 1
+                value_bytes += len(value)
+            records = [DoneRecord.from_bytes(bytes(v)) for _, v in iter_prefix(txn, DONE_PREFIX)]
+        held = sum(r.clips for r in records)
+        if held != clips:
+            raise ValueError(f"{self.path}: done records count {held} clips, shard holds {clips}")
+        return {"videos": len(records), "clips": clips, "value_bytes": value_bytes, "sha256": h.hexdigest()}
+
+    def finish(self, *, compact: bool = False) -> dict:
+        summary = self.complete_record()
+        if summary is None:
+            summary = self.summarize()
+            with self.env.begin(write=True) as txn:
+                txn.put(COMPLETE_KEY, json.dumps(summary, sort_keys=True).encode())
+        if compact:
+            self.compact()
+        return summary
+
+    def compact(self) -> None:
+        """Rewrite the environment without free pages so disk use matches the data."""
+        tmp, old = self.path + ".compact", self.path + ".old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        self.env.copy(tmp, compact=True)
+        self.env.close()
+        os.rename(self.path, old)
+        os.rename(tmp, self.path)
+        shutil.rmtree(old)
+        self.env = lmdb.open(self.path, subdir=True, readahead=False, max_dbs=0)
+
+    def close(self) -> None:
+        self.env.close()
+
+    @staticmethod
+    def read_done(path: str) -> list[DoneRecord]:
+        """The done records of a finished shard, opened read-only (no writer may be running)."""
+        env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False, max_dbs=0)
+        try:
+            with env.begin() as txn:
+                return [DoneRecord.from_bytes(v) for _, v in iter_prefix(txn, DONE_PREFIX)]
+        finally:
+            env.close()

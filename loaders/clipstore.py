@@ -1,0 +1,164 @@
+"""The plain reader every other reader builds on: ``open_clips(OUT)``.
+
+It indexes a finished conversion from its manifest and the shards' done
+records, and reads clips by global index. LMDB environments are opened lazily,
+once per process (py-lmdb refuses a second open in one process, and an
+environment must not cross a fork), so a ``ClipStore`` can be pickled into
+DataLoader workers and DDP ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import lmdb
+import numpy as np
+
+from convert.codecs import codec_for_id
+from convert.format import DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
+
+_ENVS: dict[tuple[int, str], lmdb.Environment] = {}
+
+
+# One error type for everything wrong with a conversion folder on the read side.
+DatasetError = FormatError
+
+
+def open_env(path: str) -> lmdb.Environment:
+    """This process's read-only handle on a shard (no lock, no readahead)."""
+    key = (os.getpid(), path)
+    env = _ENVS.get(key)
+    if env is None:
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise DatasetError(f"{path}: shard missing (no data.mdb)")
+        try:
+            env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0,
+                            max_readers=2048)
+        except lmdb.Error as exc:
+            raise DatasetError(f"{path}: shard cannot be opened: {exc}") from exc
+        _ENVS[key] = env
+    return env
+
+
+@dataclass(frozen=True)
+class ClipSample:
+    """One stored clip and where it came from."""
+
+    clip: np.ndarray  # (T, H, W, 3) uint8 RGB
+    label: int
+    video_id: str
+    clip_index: int
+
+
+def decode_value(value: bytes | memoryview, *, verify: bool = False):
+    """Header and (T, H, W, 3) uint8 array of one stored clip value."""
+    header = unpack_header(value)
+    if verify:
+        check_crc(value, header)
+    clip = codec_for_id(header.codec_id).decode(memoryview(value)[header.offset:], header.shape)
+    return header, clip
+
+
+class ClipStore(Sequence):
+    """All clips of a conversion, in manifest shard order, then video id, then clip index."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.manifest = read_manifest(self.root)
+        self.classes: list[str] = list(self.manifest["classes"])
+        self.shard_paths = [os.path.join(self.root, s["path"]) for s in self.manifest["shards"]]
+        shard_of, ids, labels, counts = [], [], [], []
+        for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest["shards"])):
+            env = open_env(path)
+            n = 0
+            with env.begin() as txn:
+                cur = txn.cursor()
+                ok = cur.set_range(DONE_PREFIX)
+                while ok and cur.key().startswith(DONE_PREFIX):
+                    rec = json.loads(cur.value())
+                    if rec["clips"]:
+                        shard_of.append(si)
+                        ids.append(cur.key()[len(DONE_PREFIX):].decode())
+                        labels.append(rec["label"])
+                        counts.append(rec["clips"])
+                        n += rec["clips"]
+                    ok = cur.next()
+            if n != meta["clips"]:
+                raise DatasetError(f"{path}: holds {n} clips, manifest says {meta['clips']} (truncated or replaced?)")
+        self.video_ids: list[str] = ids
+        self.video_labels = np.asarray(labels, dtype=np.int64)
+        self.video_shard = np.asarray(shard_of, dtype=np.int32)
+        self.video_clips = np.asarray(counts, dtype=np.int64)
+        self._ends = np.cumsum(self.video_clips)
+        bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
+        if bad.size:
+            raise DatasetError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(video number, clip index within the video) of global clip ``i``."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"clip {i} out of range for {n} clips")
+        v = int(np.searchsorted(self._ends, i, side="right"))
+        return v, i - int(self._ends[v] - self.video_clips[v])
+
+    def key(self, i: int) -> tuple[int, bytes]:
+        v, c = self.locate(i)
+        return int(self.video_shard[v]), clip_key(self.video_ids[v], c)
+
+    def labels(self) -> np.ndarray:
+        """The label of every clip, in index order (for samplers)."""
+        return np.repeat(self.video_labels, self.video_clips)
+
+    def video_index(self) -> np.ndarray:
+        """The video number of every clip, in index order."""
+        return np.repeat(np.arange(len(self.video_ids)), self.video_clips)
+
+    def read_values(self, indices: Sequence[int]) -> list[bytes]:
+        """Raw stored values for many clips: one read transaction per shard touched."""
+        keys = [self.key(int(i)) for i in indices]
+        out: list[bytes | None] = [None] * len(keys)
+        by_shard: dict[int, list[int]] = {}
+        for pos, (si, _) in enumerate(keys):
+            by_shard.setdefault(si, []).append(pos)
+        for si, positions in by_shard.items():
+            with open_env(self.shard_paths[si]).begin() as txn:
+                for pos in positions:
+                    value = txn.get(keys[pos][1])
+                    if value is None:
+                        raise DatasetError(f"{self.shard_paths[si]}: key {keys[pos][1]!r} missing")
+                    out[pos] = value
+        return out  # type: ignore[return-value]
+
+    def get(self, i: int, *, verify: bool = False) -> ClipSample:
+        (value,) = self.read_values([i])
+        header, clip = decode_value(value, verify=verify)
+        return ClipSample(clip, header.label, header.video_id, header.clip_index)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.get(j) for j in range(*i.indices(len(self)))]
+        return self.get(int(i))
+
+    def __iter__(self) -> Iterator[ClipSample]:
+        for i in range(len(self)):
+            yield self.get(i)
+
+    def __getstate__(self) -> dict:
+        return self.__dict__  # environments live in the per-process cache, not here
+
+
+def open_clips(root: str) -> ClipStore:
+    """Open a finished conversion for reading: ``len()``, item ``i``, ``.classes``."""
+    return ClipStore(root)
+
+
+__all__ = ["ClipSample", "ClipStore", "DatasetError", "decode_value", "open_clips", "open_env", "read_manifest"]
