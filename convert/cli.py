@@ -24,6 +24,13 @@ SUBCOMMANDS = ("verify", "inspect", "demo")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the full usage is behind --help)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_size(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
     if not m:
@@ -81,7 +88,7 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m convert",
         description="Decode every video once into fixed-length uint8 RGB clips stored in shards. "
                     "Sub-commands: 'verify OUT', 'inspect OUT', 'demo' (see 'python -m convert verify --help').",

@@ -134,6 +134,24 @@ class VideoDecoder:
             # The decoder recovers after a bad packet, but what it shows next may
             # reference the damaged picture; everything before is trustworthy.
             self.damage = f"{type(exc).__name__} after {self.frames_decoded} good frames: {exc}"
+            return
+        expected = self._expected_frames()
+        if expected and self.frames_decoded < expected:
+            # FFmpeg reads a truncated file without an error: it just ends early.
+            self.damage = f"truncated: decoded {self.frames_decoded} of the {expected} frames the container announces"
+
+    def _expected_frames(self) -> int | None:
+        """Frames the container promises, less a tolerance for inexact durations."""
+        s = self._stream
+        if s.frames:
+            return s.frames - max(1, s.frames // 100)
+        if s.duration is not None and s.time_base:
+            seconds = float(s.duration * s.time_base)
+        elif self._container.duration is not None:
+            seconds = self._container.duration / 1e6
+        else:
+            return None
+        return int(seconds * self.rate * 0.95) - 2
 
     def _timed(self) -> Iterator[tuple[float, av.VideoFrame]]:
         """Frames with monotonic times; a missing or backward pts takes prev + 1/rate."""
@@ -161,17 +179,19 @@ class VideoDecoder:
             if held is None:
                 start, held, held_t = t, frame, t
                 continue
-            # Slots nearer to the held frame than to this one belong to the held frame.
+            # Slots nearer to the held frame than to this one belong to the held
+            # frame; a slot exactly halfway goes to the earlier frame.
             bound = (held_t + t) / 2 - start
             n = 0
-            while slot * period < bound - 1e-9:
+            while slot * period <= bound + 1e-9:
                 slot += 1
                 n += 1
             if n:
                 yield held, n
             held, held_t = frame, t
         if held is not None:
-            bound = held_t + 0.5 / self.rate - start
+            # The last frame lasts one source frame: the output covers the whole video.
+            bound = held_t + 1.0 / self.rate - start
             n = 0
             while slot * period < bound - 1e-9:
                 slot += 1

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import time
 from typing import Callable
 
 from .clips import ClipCutter
@@ -75,8 +77,30 @@ def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
     return clips * (config.clip_len * h * w * 3 + VALUE_OVERHEAD)
 
 
+def _inject_fault(item: VideoItem) -> None:
+    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID" or "crash_once:ID:MARKER_FILE".
+
+    Lets the test suite prove that a decoder crash or hang costs one video and
+    nothing else, without shipping a file that really crashes FFmpeg.
+    """
+    spec = os.environ.get("CONVERT_TEST_FAULT")
+    if not spec:
+        return
+    kind, _, rest = spec.partition(":")
+    vid, _, marker = rest.partition(":")
+    if vid != item.id:
+        return
+    if kind == "crash" or (kind == "crash_once" and not os.path.exists(marker)):
+        if marker:
+            open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if kind == "hang":
+        time.sleep(3600)
+
+
 def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> DoneRecord:
     """Decode, cut and store one video; a video that cannot be opened is recorded as failed."""
+    _inject_fault(item)
     try:
         dec = VideoDecoder(item.path, config.frame_spec(threads))
         estimate = estimate_bytes(dec, config)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -107,7 +106,9 @@ def demo(out: str, *, per_class: int, seconds: float, workers: int, codec: str) 
 
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
-    p = argparse.ArgumentParser(prog=f"python -m convert {cmd}")
+    from .cli import OneLineParser
+
+    p = OneLineParser(prog=f"python -m convert {cmd}")
     if cmd == "verify":
         p.description = "Reopen every shard, check counts and checksums against the manifest, decode every value."
         p.add_argument("out", metavar="OUT")

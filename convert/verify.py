@@ -11,7 +11,7 @@ import lmdb
 from .codecs import codec_for_id
 from .format import CLIP_PREFIX, DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
 from .writers.base import checksum_update
-from .writers.lmdb_writer import iter_prefix
+from .writers.lmdb_writer import iter_prefix, open_readonly
 
 
 def verify_shard(path: str, meta: dict, manifest: dict) -> list[str]:
@@ -20,7 +20,7 @@ def verify_shard(path: str, meta: dict, manifest: dict) -> list[str]:
     if not os.path.exists(os.path.join(path, "data.mdb")):
         return [f"{name}: missing ({path} has no data.mdb)"]
     try:
-        env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
+        env = open_readonly(path)
     except lmdb.Error as exc:
         return [f"{name}: cannot open: {exc}"]
     problems: list[str] = []
@@ -49,8 +49,6 @@ def verify_shard(path: str, meta: dict, manifest: dict) -> list[str]:
             records = [json.loads(bytes(v)) for _, v in iter_prefix(txn, DONE_PREFIX)]
     except lmdb.Error as exc:
         problems.append(f"{name}: read failed: {exc}")
-    finally:
-        env.close()
     held = sum(r["clips"] for r in records) if not problems else None
     if clips != meta["clips"]:
         problems.append(f"{name}: holds {clips} clips, manifest says {meta['clips']}")

@@ -12,34 +12,72 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import lmdb
 import numpy as np
 
 from convert.codecs import codec_for_id
+from convert.writers import lmdb_writer as _lmdb_writer
+from convert.writers.lmdb_writer import forget_readonly, open_readonly
 from convert.format import DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
-
-_ENVS: dict[tuple[int, str], lmdb.Environment] = {}
-
 
 # One error type for everything wrong with a conversion folder on the read side.
 DatasetError = FormatError
 
 
-def open_env(path: str) -> lmdb.Environment:
-    """This process's read-only handle on a shard (no lock, no readahead)."""
-    key = (os.getpid(), path)
-    env = _ENVS.get(key)
-    if env is None:
-        if not os.path.exists(os.path.join(path, "data.mdb")):
-            raise DatasetError(f"{path}: shard missing (no data.mdb)")
+def _close_inherited_handles() -> None:
+    """In a forked child, close the read handles the parent had open.
+
+    py-lmdb's "already open in this process" registry is inherited through
+    fork together with the parent's handles, so without this a DataLoader
+    worker (fork start method) could not open a shard its parent had read.
+    The inherited copies are never used here (LMDB forbids that), only
+    closed, which unmaps the child's copy and leaves the parent's untouched.
+    """
+    readers = getattr(_lmdb_writer, "_READERS", None)
+    if not readers:
+        return
+    pid = os.getpid()
+    for key in [k for k in readers if k[0] != pid]:
+        env = readers.pop(key)
         try:
-            env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0,
-                            max_readers=2048)
-        except lmdb.Error as exc:
-            raise DatasetError(f"{path}: shard cannot be opened: {exc}") from exc
-        _ENVS[key] = env
+            env.close()
+        except lmdb.Error:
+            pass  # best effort: a reopen that still fails reports its own reason
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_handles)
+
+_CHECKED: set[tuple[int, str]] = set()  # (pid, path) of handles whose size was checked
+
+
+def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
+    """Refuse a data file shorter than its meta page says: reading past its end would SIGBUS."""
+    data = os.path.join(path, "data.mdb")
+    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    have = os.path.getsize(data)
+    if have < need:
+        raise DatasetError(f"{data}: shard truncated ({have} bytes, its LMDB meta page needs {need})")
+
+
+def open_env(path: str) -> lmdb.Environment:
+    """This process's read-only handle on a shard, opened on first use (fork-safe)."""
+    key = (os.getpid(), path)
+    try:
+        env = open_readonly(path)
+    except FileNotFoundError as exc:
+        raise DatasetError(str(exc)) from exc
+    except lmdb.Error as exc:
+        raise DatasetError(f"{path}: shard cannot be opened: {exc}") from exc
+    if key not in _CHECKED:
+        try:
+            _check_not_truncated(path, env)
+        except DatasetError:
+            forget_readonly(path)
+            raise
+        _CHECKED.add(key)
     return env
 
 
@@ -137,6 +175,40 @@ class ClipStore(Sequence):
                         raise DatasetError(f"{self.shard_paths[si]}: key {keys[pos][1]!r} missing")
                     out[pos] = value
         return out  # type: ignore[return-value]
+
+    def keys(self, indices: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
+        """Shard number and key of many clips at once (one vectorised search)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"clip {bad} out of range for {n} clips")
+        v = np.searchsorted(self._ends, idx, side="right")
+        within = idx - (self._ends[v] - self.video_clips[v])
+        ids = self.video_ids
+        return self.video_shard[v], [clip_key(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())]
+
+    def visit_values(self, indices: Sequence[int], fn: Callable[[int, memoryview], None]) -> None:
+        """Call ``fn(position, value)`` for each index: one read transaction per shard touched.
+
+        ``value`` is a memoryview into the shard's memory map, valid only during
+        the call (no copy is made). A ``FormatError`` raised by ``fn`` comes back
+        as a ``DatasetError`` naming the shard and the key.
+        """
+        shards, keys = self.keys(indices)
+        order = np.argsort(shards, kind="stable")
+        bounds = np.flatnonzero(np.diff(shards[order])) + 1
+        for group in np.split(order, bounds) if order.size else ():
+            path = self.shard_paths[int(shards[group[0]])]
+            with open_env(path).begin(buffers=True) as txn:
+                for pos in group.tolist():
+                    value = txn.get(keys[pos])
+                    if value is None:
+                        raise DatasetError(f"{path}: key {keys[pos].decode(errors='replace')} missing")
+                    try:
+                        fn(pos, value)
+                    except FormatError as exc:
+                        raise DatasetError(f"{path}: {keys[pos].decode(errors='replace')}: {exc}") from exc
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         (value,) = self.read_values([i])

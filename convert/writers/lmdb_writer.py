@@ -25,6 +25,33 @@ HEADROOM = 1.5  # grow to used + 1.5x the next video's estimate (map size is vir
 MAX_GROWTHS = 40
 
 
+_READERS: dict[tuple[int, str], lmdb.Environment] = {}
+
+
+def open_readonly(path: str) -> lmdb.Environment:
+    """This process's one read-only handle on a shard (no lock, no readahead).
+
+    py-lmdb refuses to open an environment twice in one process, and a handle
+    must not cross a fork, so handles are cached per (pid, path).
+    """
+    key = (os.getpid(), os.path.abspath(path))
+    env = _READERS.get(key)
+    if env is None:
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            raise FileNotFoundError(f"{path}: shard missing (no data.mdb)")
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0,
+                        max_readers=2048)
+        _READERS[key] = env
+    return env
+
+
+def forget_readonly(path: str) -> None:
+    """Close this process's cached handle (before a shard is replaced or deleted)."""
+    env = _READERS.pop((os.getpid(), os.path.abspath(path)), None)
+    if env is not None:
+        env.close()
+
+
 def used_bytes(env: lmdb.Environment) -> int:
     return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
@@ -159,10 +186,6 @@ class LmdbWriter(ShardWriter):
 
     @staticmethod
     def read_done(path: str) -> list[DoneRecord]:
-        """The done records of a finished shard, opened read-only (no writer may be running)."""
-        env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False, max_dbs=0)
-        try:
-            with env.begin() as txn:
-                return [DoneRecord.from_bytes(v) for _, v in iter_prefix(txn, DONE_PREFIX)]
-        finally:
-            env.close()
+        """The done records of a shard, through the per-process read-only handle."""
+        with open_readonly(path).begin() as txn:
+            return [DoneRecord.from_bytes(v) for _, v in iter_prefix(txn, DONE_PREFIX)]

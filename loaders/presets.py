@@ -1,0 +1,230 @@
+"""Clip presets: the one definition of crop, temporal window, flip and normalisation.
+
+Every reader (the LMDB path here, a DALI path later) asks a ``ClipPreset`` for
+``CropParams`` and applies them, so all readers feed the model the same pixels.
+Augmentation is drawn from ``np.random.default_rng((seed, epoch, index))``:
+a sample's crop depends only on the seed, the epoch and the sample's index,
+never on which worker, rank or resume point produced it.
+
+Everything on the CPU stays uint8; ``to_model_input`` is the single step that
+turns a uint8 batch into normalised floats, on the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+# torchvision's video models (r3d_18 etc., Kinetics-400): mean/std in 0..1,
+# scaled here to 0..255 because the clips stay uint8 until the device.
+KINETICS_MEAN = tuple(v * 255 for v in (0.43216, 0.394666, 0.37645))
+KINETICS_STD = tuple(v * 255 for v in (0.22803, 0.22145, 0.216989))
+
+
+@dataclass(frozen=True)
+class CropParams:
+    """Where to cut one clip: frames ``t0:t0+t``, rows ``y0:y0+h``, columns ``x0:x0+w``.
+
+    ``flip`` mirrors left-right. ``out_size`` (H, W) is set when the cut is
+    resized afterwards (multi-scale crop); ``None`` keeps the cut's size.
+    ``t`` of ``None`` takes every frame from ``t0`` on.
+    """
+
+    t0: int
+    y0: int
+    x0: int
+    h: int
+    w: int
+    flip: bool
+    t: int | None = None
+    out_size: tuple[int, int] | None = None
+
+
+def _centre(total: int, part: int) -> int:
+    # torchvision CenterCrop's rule: Python round() of half the slack, which
+    # rounds halves to even (slack 59 -> 30, slack 5 -> 2).
+    return int(round((total - part) / 2.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClipPreset:
+    """What the model sees of a stored clip.
+
+    ``clip_len``: frames fed to the model (``None``: all stored frames); a longer
+    stored clip gives a random window in training and the centre window in
+    evaluation. ``flip``: random left-right flip, training only. ``multiscale``:
+    training only, as TSN / mmaction2 MultiScaleCrop: a square whose side is a
+    scale (drawn from the tuple) times the frame's short side, at a uniformly
+    random position, resized to ``crop_size`` by bilinear interpolation
+    (half-pixel centres, no antialiasing, rounded to nearest: what OpenCV's
+    INTER_LINEAR gives). Without it, training takes a random ``crop_size``
+    square. Evaluation always takes the centre ``crop_size`` square, rounded
+    as torchvision's CenterCrop. ``mean``/``std`` are per RGB channel in
+    0..255 units.
+    """
+
+    train: bool
+    crop_size: int = 112
+    clip_len: int | None = None
+    flip: bool = True
+    multiscale: tuple[float, ...] | None = None
+    mean: tuple[float, ...] = field(default=KINETICS_MEAN)
+    std: tuple[float, ...] = field(default=KINETICS_STD)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.train, bool):
+            raise ValueError(f"train must be True or False, got {self.train!r}")
+        if not isinstance(self.flip, bool):
+            raise ValueError(f"flip must be True or False, got {self.flip!r}")
+        if not isinstance(self.crop_size, int) or not 1 <= self.crop_size <= 4096:
+            raise ValueError(f"crop_size must be an int in 1..4096, got {self.crop_size!r}")
+        if self.clip_len is not None and (not isinstance(self.clip_len, int) or self.clip_len < 1):
+            raise ValueError(f"clip_len must be None (all stored frames) or an int >= 1, got {self.clip_len!r}")
+        if self.multiscale is not None:
+            scales = tuple(float(s) for s in self.multiscale)
+            if not scales or not all(0.0 < s <= 1.0 for s in scales):
+                raise ValueError(f"multiscale must be None or scales in (0, 1] of the short side, "
+                                 f"e.g. (1.0, 0.875, 0.75, 0.66); got {self.multiscale!r}")
+            object.__setattr__(self, "multiscale", scales)
+        for name in ("mean", "std"):
+            vals = tuple(float(v) for v in getattr(self, name))
+            if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
+                raise ValueError(f"{name} must be 3 finite numbers (R, G, B in 0..255 units), got {vals}")
+            object.__setattr__(self, name, vals)
+        if min(self.std) <= 0:
+            raise ValueError(f"std must be > 0 per channel, got {self.std}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+
+    def out_shape(self, stored_frames: int) -> tuple[int, int, int, int]:
+        """(T, H, W, 3) of what ``apply`` returns for clips of ``stored_frames`` frames."""
+        return (self.clip_len or stored_frames, self.crop_size, self.crop_size, 3)
+
+    def params(self, epoch: int, index: int, shape: Sequence[int]) -> CropParams:
+        """Crop of sample ``index`` in ``epoch`` for a stored clip of ``shape`` (T, H, W[, C]).
+
+        Training draws, in this order: window start, scale (multiscale only),
+        row, column, flip; the flip draw happens even with ``flip=False`` so
+        switching flips off leaves the crops alone.
+        """
+        if len(shape) not in (3, 4):
+            raise ValueError(f"shape must be (T, H, W) or (T, H, W, C), got {tuple(shape)}")
+        t_all, h_all, w_all = (int(v) for v in shape[:3])
+        length = self.clip_len or t_all
+        if length > t_all:
+            raise ValueError(f"clip_len {length} is longer than the stored clip ({t_all} frames)")
+        if not self.train:
+            side = self._check_fits(self.crop_size, h_all, w_all)
+            return CropParams(_centre(t_all, length), _centre(h_all, side), _centre(w_all, side),
+                              side, side, False, t=length)
+        if epoch < 0 or index < 0:
+            raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")
+        rng = np.random.default_rng((self.seed, int(epoch), int(index)))
+        t0 = int(rng.integers(0, t_all - length + 1))
+        out_size = None
+        if self.multiscale is not None:
+            scale = self.multiscale[int(rng.integers(len(self.multiscale)))]
+            short = min(h_all, w_all)
+            side = min(short, max(1, int(round(short * scale))))
+            if side != self.crop_size:
+                out_size = (self.crop_size, self.crop_size)
+        else:
+            side = self._check_fits(self.crop_size, h_all, w_all)
+        y0 = int(rng.integers(0, h_all - side + 1))
+        x0 = int(rng.integers(0, w_all - side + 1))
+        flip = bool(rng.random() < 0.5) and self.flip
+        return CropParams(t0, y0, x0, side, side, flip, t=length, out_size=out_size)
+
+    @staticmethod
+    def _check_fits(side: int, h: int, w: int) -> int:
+        if side > h or side > w:
+            raise ValueError(f"crop_size {side} does not fit stored frames of {h}x{w}")
+        return side
+
+    def apply(self, clip: np.ndarray, params: CropParams, out: np.ndarray | None = None) -> np.ndarray:
+        """Same as the module's ``apply``; here for readers that hold only the preset."""
+        return apply(clip, params, out=out)
+
+
+def resize_bilinear(frames: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
+    """Resize uint8 (T, H, W, C) frames to ``size`` (H, W): bilinear, half-pixel centres, no antialias."""
+    t, h, w, c = frames.shape
+    oh, ow = size
+
+    def taps(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
+        src = np.clip(src, 0.0, n_in - 1)
+        lo = np.floor(src).astype(np.intp)
+        hi = np.minimum(lo + 1, n_in - 1)
+        return lo, hi, (src - lo).astype(np.float32)
+
+    y_lo, y_hi, fy = taps(h, oh)
+    x_lo, x_hi, fx = taps(w, ow)
+    src = frames.astype(np.float32)
+    rows = src[:, y_lo] * (1.0 - fy)[None, :, None, None] + src[:, y_hi] * fy[None, :, None, None]
+    res = rows[:, :, x_lo] * (1.0 - fx)[None, None, :, None] + rows[:, :, x_hi] * fx[None, None, :, None]
+    if out is None:
+        out = np.empty((t, oh, ow, c), dtype=np.uint8)
+    np.clip(np.rint(res), 0, 255, out=res)
+    out[...] = res
+    return out
+
+
+def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None) -> np.ndarray:
+    """Cut (and flip, and resize) ``clip`` as ``params`` say; uint8 in, new uint8 array out.
+
+    With ``out`` the result is written there (it must have the output shape),
+    which lets a batch be assembled in one preallocated array.
+    """
+    if not isinstance(clip, np.ndarray) or clip.dtype != np.uint8 or clip.ndim != 4:
+        raise ValueError(f"clip must be a uint8 numpy array (T, H, W, C), got "
+                         f"{getattr(clip, 'dtype', type(clip))} {getattr(clip, 'shape', '')}")
+    t_all, h_all, w_all, _ = clip.shape
+    p = params
+    length = p.t if p.t is not None else t_all - p.t0
+    if p.t0 < 0 or p.t0 + length > t_all or p.y0 < 0 or p.y0 + p.h > h_all or p.x0 < 0 or p.x0 + p.w > w_all:
+        raise ValueError(f"crop {p} falls outside a clip of shape {clip.shape}")
+    view = clip[p.t0:p.t0 + length, p.y0:p.y0 + p.h, p.x0:p.x0 + p.w]
+    if p.flip:
+        view = view[:, :, ::-1]
+    if p.out_size is not None and tuple(p.out_size) != (p.h, p.w):
+        return resize_bilinear(view, tuple(p.out_size), out=out)
+    if out is None:
+        return np.array(view, dtype=np.uint8, order="C")  # a copy: the source may be a read buffer
+    if out.shape != view.shape:
+        raise ValueError(f"out has shape {out.shape}, the crop is {view.shape}")
+    out[...] = view
+    return out
+
+
+def to_model_input(clips: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
+                   device: torch.device | str | None = None, channels_last: bool = False,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (N, T, H, W, C) batch -> normalised ``(x - mean) / std`` float (N, C, T, H, W).
+
+    The uint8 batch moves to ``device`` first (non-blocking, so pin it), which
+    sends a quarter of the bytes a float batch would. With ``channels_last``
+    the result keeps the NTHWC memory order (``torch.channels_last_3d``) and
+    skips a copy; otherwise it is contiguous NCTHW.
+    """
+    if not isinstance(clips, torch.Tensor) or clips.dtype != torch.uint8 or clips.dim() != 5:
+        raise ValueError(f"clips must be a uint8 tensor (N, T, H, W, C), got "
+                         f"{getattr(clips, 'dtype', type(clips))} {tuple(getattr(clips, 'shape', ()))}")
+    if len(mean) != clips.shape[-1] or len(std) != clips.shape[-1]:
+        raise ValueError(f"mean and std need {clips.shape[-1]} values (one per channel), "
+                         f"got {len(mean)} and {len(std)}")
+    x = clips.to(device, non_blocking=True) if device is not None else clips
+    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
+    s = torch.as_tensor(std, dtype=dtype, device=x.device)
+    # Normalise while channels are last: mean/std broadcast over the last dim.
+    x = x.to(dtype).sub_(m).div_(s).permute(0, 4, 1, 2, 3)
+    return x if channels_last else x.contiguous()
+
+
+__all__ = ["KINETICS_MEAN", "KINETICS_STD", "ClipPreset", "CropParams", "apply", "resize_bilinear",
+           "to_model_input"]

@@ -1,0 +1,38 @@
+"""Fixtures shared by the whole suite: the real test videos and one synthetic dataset."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SHARED_VIDEOS = os.path.normpath(os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+
+
+def shared_video(name: str) -> str:
+    path = os.path.join(SHARED_VIDEOS, name)
+    if not os.path.exists(path):
+        pytest.skip(f"shared test video {name} not found at {SHARED_VIDEOS}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_videos() -> str:
+    if not os.path.isdir(SHARED_VIDEOS):
+        pytest.skip(f"{SHARED_VIDEOS} missing")
+    return SHARED_VIDEOS
+
+
+@pytest.fixture(scope="session")
+def synth_videos(tmp_path_factory) -> str:
+    """Five motion classes, 4 short h264 videos each, at mixed sizes and frame rates."""
+    from convert.synth import make_dataset
+
+    root = str(tmp_path_factory.mktemp("synth"))
+    make_dataset(root, per_class=4, seconds=1.5, seed=7)
+    return root

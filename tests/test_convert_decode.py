@@ -1,0 +1,116 @@
+"""Decoding: every odd file of the shared set, rotation, resizing, fps resampling."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from convert.decode import FrameSpec, VideoDecoder, VideoError, decode_all
+from convert.synth import render, write_mp4
+
+from .conftest import shared_video
+
+# file -> (decoded frames, damage expected)
+CASES = {
+    "mmaction2__demo.mp4": (280, False),          # Kinetics-400 340x256 h264
+    "mmaction2__test.avi": (164, False),          # UCF101, mpeg4 packed B-frames, pts N/A
+    "mmaction2__part_0.mp4": (32, False),         # missing timestamps at the end
+    "mmcv__test.mp4": (168, False),               # width 294, with AAC audio
+    "decord__video_90.mov": (3, False),           # 3 frames, rotation -90
+    "moviepy__no_duration.webm": (74, False),     # VP9, no container duration
+    "moviepy__big_buck_bunny_432_433.webm": (24, False),  # VP8
+    "torchcodec__h265_video.mp4": (10, False),    # HEVC
+    "decord__corrupted.mp4": (28, True),          # bad NAL unit at 3.0 s (frame 28 of 50)
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_shared_file_decodes_as_specified(name):
+    frames, damage = decode_all(shared_video(name), FrameSpec(size=(128, 171)))
+    n, damaged = CASES[name]
+    assert frames.shape == (n, 128, 171, 3) and frames.dtype == np.uint8
+    assert (damage is not None) == damaged
+    if damaged:
+        assert "InvalidDataError after 28 good frames" in damage
+    # Real pictures, not blank buffers.
+    assert frames.std() > 1.0 or name == "moviepy__no_duration.webm"
+
+
+def test_rotation_metadata_is_honoured():
+    import av
+
+    path = shared_video("decord__video_90.mov")  # coded 568x320, display matrix -90 degrees
+    frames, _ = decode_all(path, FrameSpec(size=None, short_side=64))
+    assert frames.shape == (3, 114, 64, 3)  # portrait, as players show it
+    # Upright = the coded picture turned clockwise, as ffmpeg's autorotate does.
+    upright, _ = decode_all(path, FrameSpec(size=(568, 320)))
+    with av.open(path) as c:
+        coded = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    want = np.rot90(coded[0], k=-1)
+    assert want.shape == upright[0].shape
+    assert np.abs(want.astype(int) - upright[0]).mean() < 2.0
+    assert np.abs(np.rot90(coded[0], k=1).astype(int) - upright[0]).mean() > 10.0
+
+
+def test_short_side_keeps_aspect():
+    frames, _ = decode_all(shared_video("mmcv__test.mp4"), FrameSpec(size=None, short_side=120))
+    assert frames.shape[1:] == (120, 147, 3)  # 294x240 -> 147x120
+
+
+def test_unreadable_file_is_a_video_error(tmp_path):
+    bad = tmp_path / "junk.mp4"
+    bad.write_bytes(b"\x00" * 1000)
+    with pytest.raises(VideoError, match="cannot open"):
+        VideoDecoder(str(bad), FrameSpec())
+
+
+@pytest.mark.parametrize("name, total", [("mmaction2__test.avi", 164), ("moviepy__big_buck_bunny_432_433.webm", 24)])
+def test_truncated_file_keeps_frames_before_the_cut(tmp_path, name, total):
+    # FFmpeg reads a half file without any error; the decoder must notice the shortfall.
+    data = open(shared_video(name), "rb").read()
+    cut = tmp_path / ("cut" + name[-4:])
+    cut.write_bytes(data[: len(data) // 2])
+    full, _ = decode_all(shared_video(name), FrameSpec())
+    frames, damage = decode_all(str(cut), FrameSpec())
+    assert 0 < len(frames) < total
+    assert damage.startswith(("truncated: decoded", "corrupt frame after"))
+    assert np.array_equal(frames, full[: len(frames)])
+
+
+def _ramp(tmp_path, n: int, rate: Fraction) -> str:
+    """A video whose frame k is a flat grey of level 4k, so decoded frames say their index."""
+    frames = np.repeat(np.arange(n, dtype=np.uint8)[:, None, None, None] * 4, 32, axis=1)
+    frames = np.ascontiguousarray(np.broadcast_to(frames, (n, 32, 32, 3)))
+    path = str(tmp_path / "ramp.mp4")
+    write_mp4(path, frames, rate)
+    return path
+
+
+def _indices(frames: np.ndarray) -> list[int]:
+    return np.round(frames.reshape(len(frames), -1).mean(1) / 4).astype(int).tolist()
+
+
+@pytest.mark.parametrize("rate", [Fraction(25), Fraction(30000, 1001), Fraction(30), Fraction(981, 50)])
+def test_fps_resampling_gives_equal_durations(tmp_path, rate):
+    # About 2 s at each rate: output frame j must be the source frame nearest j/10 s,
+    # so a 16-frame clip spans 1.6 s whatever the source rate.
+    n = round(2 * float(rate))
+    frames, _ = decode_all(_ramp(tmp_path, n, rate), FrameSpec(size=(32, 32), fps=10))
+    assert len(frames) == math.ceil(n / float(rate) * 10 - 1e-9)
+    want = [min(n - 1, math.floor(j / 10 * float(rate) + 0.5 - 1e-9)) for j in range(len(frames))]
+    assert _indices(frames) == want
+
+
+def test_fps_upsampling_repeats_frames(tmp_path):
+    up, _ = decode_all(_ramp(tmp_path, 30, Fraction(30)), FrameSpec(size=(32, 32), fps=60))
+    assert _indices(up) == [k // 2 for k in range(60)]
+
+
+def test_frame_spec_validation_lists_the_rule():
+    with pytest.raises(ValueError, match="exactly one of"):
+        FrameSpec(size=(128, 171), short_side=128)
+    with pytest.raises(ValueError, match="fps must be"):
+        FrameSpec(fps=0)

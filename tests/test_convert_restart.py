@@ -1,0 +1,92 @@
+"""Kill -9 in the middle of a conversion, rerun, and compare with a clean run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import lmdb
+
+from loaders import open_clips
+
+from .conftest import ROOT
+
+
+def _start(src: str, out: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "convert", src, out, "--workers", "2", "--shards", "3", "--no-progress",
+         "--codec", "lz4"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _committed_videos(out: str) -> int:
+    """Videos already committed, counted from the shards' own done records."""
+    n = 0
+    shards = os.path.join(out, "shards")
+    for name in sorted(os.listdir(shards)) if os.path.isdir(shards) else []:
+        if not os.path.exists(os.path.join(shards, name, "data.mdb")):
+            continue
+        env = lmdb.open(os.path.join(shards, name), readonly=True, lock=False)
+        with env.begin() as txn:
+            cur = txn.cursor()
+            ok = cur.set_range(b"m/done/")
+            while ok and cur.key().startswith(b"m/done/"):
+                n += 1
+                ok = cur.next()
+        env.close()
+    return n
+
+
+def _shard_content(out: str) -> dict:
+    """Every clip key and value, shard by shard (the checksum would hide which differ)."""
+    result = {}
+    for meta in json.load(open(os.path.join(out, "manifest.json")))["shards"]:
+        env = lmdb.open(os.path.join(out, meta["path"]), readonly=True, lock=False)
+        with env.begin() as txn:
+            result[meta["name"]] = [(bytes(k), bytes(v)) for k, v in txn.cursor() if k.startswith(b"c/")]
+        env.close()
+    return result
+
+
+def test_kill_9_then_rerun_equals_a_clean_run(synth_videos, tmp_path):
+    clean = str(tmp_path / "clean")
+    assert _start(synth_videos, clean).wait(timeout=300) == 0
+
+    out = str(tmp_path / "killed")
+    kills_mid_job = 0
+    for _ in range(4):
+        proc = _start(synth_videos, out)
+        # Kill as soon as this run has committed something new, so every kill
+        # lands while shard processes are inside a video's transaction or close.
+        before = _committed_videos(out)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _committed_videos(out) > before:
+                break
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills_mid_job += 1
+    assert kills_mid_job >= 2
+    killed_at = _committed_videos(out)
+    assert 0 < killed_at < 20
+    assert _start(synth_videos, out).wait(timeout=300) == 0
+    assert 0 < _committed_videos(out)
+
+    a, b = _shard_content(clean), _shard_content(out)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert [k for k, _ in a[name]] == [k for k, _ in b[name]], name
+        assert a[name] == b[name], name
+    ma = json.load(open(os.path.join(clean, "manifest.json")))
+    mb = json.load(open(os.path.join(out, "manifest.json")))
+    assert [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
+    assert ma["totals"] == mb["totals"]
+    assert len(open_clips(out)) == ma["totals"]["clips"]

@@ -1,0 +1,110 @@
+"""Sources: Kinetics CSV (flat and class-folder layouts), list files, class folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from convert.sources import SourceError, from_csv, from_folders, from_list, load_source
+
+from .conftest import shared_video
+
+CSV_HEADER = "label,youtube_id,time_start,time_end,split\n"
+
+
+def _touch_video(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    shutil.copyfile(shared_video("torchcodec__h265_video.mp4"), path)
+
+
+def test_csv_flat_and_class_folder_layouts(tmp_path):
+    root = tmp_path / "videos"
+    _touch_video(str(root / "abc_000010_000020.mp4"))                       # flat
+    _touch_video(str(root / "arm wrestling" / "xyz_000001_000011.mp4"))     # class folder
+    csv = tmp_path / "k400.csv"
+    csv.write_text(CSV_HEADER
+                   + "arm wrestling,xyz,1,11,train\n"
+                   + "abseiling,abc,10,20,train\n"
+                   + "abseiling,gone,5,15,train\n"
+                   + "abseiling,val1,0,10,val\n")
+    src = from_csv(str(csv), str(root), split="train")
+    assert src.classes == ["abseiling", "arm wrestling"]
+    assert [(it.id, it.label) for it in src.items] == [("abc_000010_000020", 0), ("xyz_000001_000011", 1)]
+    assert src.items[1].path.endswith(os.path.join("arm wrestling", "xyz_000001_000011.mp4"))
+    assert [(p.id, p.status) for p in src.problems] == [("gone_000005_000015", "missing")]
+
+
+def test_csv_with_is_cc_column_and_float_times(tmp_path):
+    root = tmp_path / "v"
+    _touch_video(str(root / "q_000003_000013.mp4"))
+    csv = tmp_path / "k700.csv"
+    csv.write_text("label,youtube_id,time_start,time_end,split,is_cc\ndancing,q,3.0,13.0,train,0\n")
+    src = from_csv(str(csv), str(root))
+    assert [it.id for it in src.items] == ["q_000003_000013"]
+
+
+def test_csv_missing_columns_is_one_clear_error(tmp_path):
+    csv = tmp_path / "bad.csv"
+    csv.write_text("label,video\nx,y\n")
+    with pytest.raises(SourceError, match=r"bad.csv: CSV lacks column\(s\) youtube_id, time_start, time_end"):
+        from_csv(str(csv), str(tmp_path))
+
+
+def test_csv_needs_videos_dir(tmp_path):
+    csv = tmp_path / "a.csv"
+    csv.write_text(CSV_HEADER)
+    with pytest.raises(SourceError, match="needs --videos"):
+        load_source(str(csv))
+
+
+def test_csv_youtube_id_cannot_escape(tmp_path):
+    csv = tmp_path / "a.csv"
+    csv.write_text(CSV_HEADER + "x,../../etc,1,2,train\n")
+    src = from_csv(str(csv), str(tmp_path))
+    assert src.items == [] and src.problems[0].status == "rejected"
+    assert "would leave the video root" in src.problems[0].reason
+
+
+def test_list_file_rejects_escapes_and_counts_missing(tmp_path):
+    root = tmp_path / "root"
+    _touch_video(str(root / "a" / "v1.mp4"))
+    _touch_video(str(root / "b" / "v2.avi"))
+    outside = tmp_path / "outside.mp4"
+    _touch_video(str(outside))
+    lst = tmp_path / "train.txt"
+    lst.write_text(f"a/v1.mp4 1\nb/v2.avi 0\n../outside.mp4 0\n{outside} 1\nmissing.mp4 0\n{root}/a/v1.mp4 1\n")
+    src = from_list(str(lst), str(root))
+    assert [(it.id, it.label) for it in src.items] == [("a/v1", 1), ("b/v2", 0)]
+    statuses = sorted((p.status, p.id) for p in src.problems)
+    assert statuses == [("missing", "missing"), ("rejected", "../outside"), ("rejected", "a/v1"),
+                        ("rejected", str(outside)[1:-4])]
+    assert src.classes == ["0", "1"]
+    dup = [p for p in src.problems if p.id == "a/v1"][0]
+    assert dup.reason == "duplicate video id"
+
+
+def test_list_file_with_class_names_and_class_file(tmp_path):
+    root = tmp_path
+    _touch_video(str(root / "v1.mp4"))
+    _touch_video(str(root / "v2.mp4"))
+    (root / "list.txt").write_text("v1.mp4 zebra\nv2.mp4 apple\n")
+    (root / "classes.txt").write_text("zebra\napple\nmango\n")
+    src = from_list(str(root / "list.txt"), classes_file=str(root / "classes.txt"))
+    assert src.classes == ["zebra", "apple", "mango"]
+    assert [(it.id, it.label) for it in src.items] == [("v1", 0), ("v2", 1)]
+
+
+def test_class_folders(tmp_path):
+    _touch_video(str(tmp_path / "walk" / "x.mp4"))
+    _touch_video(str(tmp_path / "jump" / "sub" / "y.webm"))
+    (tmp_path / "jump" / "notes.txt").write_text("not a video")
+    src = from_folders(str(tmp_path))
+    assert src.classes == ["jump", "walk"]
+    assert [(it.id, it.label) for it in src.items] == [("jump/sub/y", 0), ("walk/x", 1)]
+
+
+def test_missing_source_is_one_clear_error(tmp_path):
+    with pytest.raises(SourceError, match="no such file or directory"):
+        load_source(str(tmp_path / "nope"))

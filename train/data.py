@@ -1,0 +1,160 @@
+"""The seam between the trainer and the readers in ``loaders`` (LMDB) or ``loaders.dali``.
+
+The trainer sees a ``TrainData``: batches of ``{"clip": uint8 (N, T, H, W, C),
+"label", "video_id", "index", ...}`` for one optimizer step, plus the sampler
+controls exact resume needs (``set_epoch``, ``set_position``,
+``state_dict``). Evaluation gets an ``EvalData`` over a fixed, unpadded split
+of the clips by rank, so gathered results hold each clip exactly once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+from .dist import DistInfo
+from .errors import TrainError
+
+try:  # the real readers, once they land in loaders/
+    from loaders import (ClipPreset, DistributedClipSampler, LmdbClipDataset, build_loader,  # type: ignore[attr-defined]
+                         to_model_input)
+    LOADER_API = "loaders"
+except ImportError:  # until then, a stand-in with the same contract
+    from .loader_fallback import (ClipPreset, DistributedClipSampler, LmdbClipDataset, build_loader,
+                                  to_model_input)
+    LOADER_API = "train.loader_fallback"
+
+__all__ = ["ClipPreset", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
+           "to_model_input", "LOADER_API"]
+
+
+def check_dataset(root: str | None, what: str) -> str:
+    """The folder, or a one-line error when it is not a finished conversion."""
+    if not root:
+        raise TrainError(f"{what}: no folder given")
+    if not os.path.isfile(os.path.join(root, "manifest.json")):
+        raise TrainError(f"{what} {root}: manifest.json missing (not a finished conversion; "
+                         f"run python -m convert SRC {root} first)")
+    return root
+
+
+class RankSplit(Sampler):
+    """Clips ``rank, rank + world, ...``: every clip on exactly one rank, no padding."""
+
+    def __init__(self, n: int, rank: int, world: int) -> None:
+        self.ids = list(range(rank, n, world))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class TrainData:
+    """Training batches (one optimizer step each) and the sampler state behind them."""
+
+    loader: Any
+    sampler: Any
+    classes: list[str]
+    mean: Sequence[float]
+    std: Sequence[float]
+    batch_size: int
+    steps_per_epoch: int
+    extra: dict = field(default_factory=dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def set_position(self, position: int) -> None:
+        self.sampler.set_position(position)
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict]:
+        # DataLoader draws its workers' base seed from the global torch RNG when
+        # an iterator starts; forking keeps that draw out of the stream dropout
+        # uses, so a resumed run sees the same dropout masks as an unbroken one.
+        with torch.random.fork_rng(devices=[]):
+            it = iter(self.loader)
+        return it
+
+
+@dataclass
+class EvalData:
+    loader: Any
+    classes: list[str]
+    mean: Sequence[float]
+    std: Sequence[float]
+    num_clips: int
+
+
+def make_preset(args, train: bool) -> Any:
+    kwargs: dict[str, Any] = {"train": train, "crop_size": args.crop_size, "clip_len": args.clip_len,
+                              "seed": args.seed}
+    if train:
+        kwargs["flip"] = not args.no_flip
+    return ClipPreset(**kwargs)
+
+
+def _dali_builder():
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        raise TrainError("--loader dali needs NVIDIA DALI, which is not installed "
+                         "(pip install nvidia-dali-cuda120, or use --loader lmdb)")
+    try:
+        from loaders.dali import build_dali_loader  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise TrainError(f"--loader dali: loaders.dali.build_dali_loader is not available ({exc})") from exc
+    return build_dali_loader
+
+
+def build_train_data(args, info: DistInfo) -> TrainData:
+    """The training loader chosen by ``--loader`` for this rank."""
+    root = check_dataset(args.data, "--data")
+    preset = make_preset(args, train=True)
+    if args.loader == "dali":
+        # The DALI reader shards by rank itself and must offer the same
+        # set_epoch / set_position / state_dict controls as the sampler.
+        loader = _dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
+                                 world_size=info.world_size, device_id=info.local_rank, seed=args.seed,
+                                 workers=args.workers)
+        return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
+                         int(loader.steps_per_epoch))
+    ds = LmdbClipDataset(root, train=True, preset=preset, seed=args.seed)
+    sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                     seed=args.seed, drop_last=True)
+    steps = len(sampler) // args.batch_size
+    if steps < 1:
+        raise TrainError(f"--data {root}: {len(ds)} clips give this rank {len(sampler)}, fewer than one "
+                         f"batch of {args.batch_size}")
+    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, workers=args.workers,
+                          pin_memory=info.device.type == "cuda", drop_last=True)
+    return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
+
+
+def build_eval_data(root: str, args, info: DistInfo) -> EvalData:
+    """Centre-cropped clips of ``root``, split over ranks without padding."""
+    check_dataset(root, "--val-data")
+    preset = make_preset(args, train=False)
+    batch = args.eval_batch_size or args.batch_size
+    if args.loader == "dali":
+        loader = _dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
+                                 world_size=info.world_size, device_id=info.local_rank, seed=args.seed,
+                                 workers=args.workers)
+        return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips))
+    ds = LmdbClipDataset(root, train=False, preset=preset, seed=args.seed)
+    sampler = RankSplit(len(ds), info.rank, info.world_size)
+    # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
+    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, workers=args.workers,
+                          pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False)
+    return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds))
