@@ -21,8 +21,9 @@ class RawCodec:
     id = 0
     lossless = True
 
-    def encode(self, clip: np.ndarray) -> bytes:
-        return np.ascontiguousarray(clip, dtype=np.uint8).tobytes()
+    def encode(self, clip: np.ndarray) -> memoryview:
+        # A view, not a copy: the value is assembled with one copy in pack_value.
+        return memoryview(np.ascontiguousarray(clip, dtype=np.uint8)).cast("B")
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         expected = int(np.prod(shape))

@@ -34,6 +34,7 @@ MAGIC = b"VCLP"
 # label, clip index, start frame, payload crc32, payload length
 _HEADER = struct.Struct("<4sBBBBHHHHiIIII")
 HEADER_SIZE = _HEADER.size  # 36 bytes, then the video id, then the payload
+VIDEO_ID_LEN_OFFSET = 14
 
 
 class FormatError(ValueError):
@@ -94,7 +95,7 @@ def pack_value(
     clip_index: int,
     start_frame: int,
     video_id: str,
-    payload: bytes,
+    payload: bytes | memoryview,
 ) -> bytes:
     """Build one clip value: header, UTF-8 video id, encoded payload."""
     t, h, w, c = shape

@@ -8,6 +8,7 @@ disagrees with them is refused before any work.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -112,11 +113,22 @@ def default_shards(n_videos: int, workers: int, videos_per_shard: int = 1000) ->
     return max(1, min(n_videos, max(math.ceil(n_videos / videos_per_shard), 2 * workers)))
 
 
+def _stable_hash(video_id: str) -> bytes:
+    return hashlib.blake2b(video_id.encode("utf-8"), digest_size=8).digest()
+
+
 def make_plan(source: Source, config: ConvertConfig, n_shards: int, source_info: dict) -> Plan:
-    """Deal the sorted videos round-robin, so every shard gets a mix of classes."""
+    """Deal the videos round-robin in order of a stable hash of their id.
+
+    Shards get equal counts and a mix of classes, and no pattern in the names
+    (say, every fourth file a long one) lines up with the shard count.
+    Each shard keeps its videos sorted by id.
+    """
     shards: list[list[VideoItem]] = [[] for _ in range(n_shards)]
-    for i, item in enumerate(source.items):
+    for i, item in enumerate(sorted(source.items, key=lambda it: _stable_hash(it.id))):
         shards[i % n_shards].append(item)
+    for s in shards:
+        s.sort(key=lambda it: it.id)
     return Plan(config, source.classes, shards, list(source.problems), source_info)
 
 

@@ -239,7 +239,11 @@ def test_verify_names_what_is_wrong(synth_videos, tmp_path):
     r = _cli("verify", str(out))
     assert r.returncode == 1
     assert f"shard-00001: {key.decode()}: payload crc32" in r.stderr
-    assert "shard-00001: checksum" in r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = _cli("verify", str(out))
+    assert "shard-00000: checksum" in r.stderr and "differs from manifest 0000000000000000" in r.stderr
     import shutil
 
     shutil.rmtree(out / "shards" / "shard-00000")

@@ -75,8 +75,12 @@ class LmdbWriter(ShardWriter):
         super().__init__(path=path, codec=codec, map_size=map_size)
         self._recover_compaction()
         os.makedirs(path, exist_ok=True)
+        # No fsync per commit: after kill -9 a committed transaction is still
+        # whole (the page cache holds it) and an uncommitted one is absent; only
+        # a machine crash could lose recent videos, which a rerun redoes. The
+        # shard is synced once, when it is finished.
         self.env = lmdb.open(path, map_size=max(map_size or 64 << 20, MIN_MAP_SIZE), subdir=True,
-                             readahead=False, meminit=False, max_dbs=0)
+                             readahead=False, meminit=False, max_dbs=0, sync=False, metasync=False)
         self.growths = 0
         with self.env.begin(write=True) as txn:
             meta = txn.get(SHARD_KEY)
@@ -163,8 +167,10 @@ class LmdbWriter(ShardWriter):
         summary = self.complete_record()
         if summary is None:
             summary = self.summarize()
+            self.env.sync(True)
             with self.env.begin(write=True) as txn:
                 txn.put(COMPLETE_KEY, json.dumps(summary, sort_keys=True).encode())
+            self.env.sync(True)
         if compact:
             self.compact()
         return summary

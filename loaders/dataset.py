@@ -1,0 +1,192 @@
+"""``LmdbClipDataset``: the training/eval Dataset over a conversion's LMDB shards.
+
+Items come back uint8 and already cropped by the preset; normalisation waits
+for the device (``to_model_input``). Shards are opened lazily in whichever
+process reads, so the dataset works with any number of DataLoader workers,
+fork or spawn, and several DDP ranks.
+
+The batched path ``__getitems__`` (which torch's DataLoader calls for a whole
+batch when a dataset has it) reads the batch in one transaction per shard and
+crops every clip straight from the memory map into one preallocated array.
+It returns a ``ClipBatch``: a list of per-sample dicts (views into that array,
+so torch's default collate still works) that also carries the collated batch,
+which ``collate`` hands on without another copy. ``build_loader`` sets it up.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from .clipstore import ClipStore, DatasetError, open_clips
+from .cropread import crop_value_into
+from .presets import ClipPreset
+
+
+class ClipBatch(list):
+    """Per-sample dicts of one ``__getitems__`` call, plus ``collated``: the same batch as one dict."""
+
+    def __init__(self, samples: list[dict], collated: dict) -> None:
+        super().__init__(samples)
+        self.collated = collated
+
+
+def collate(batch: Sequence[Any]) -> Any:
+    """Collate for ``LmdbClipDataset``: a ``ClipBatch`` is already collated; anything else goes to torch's."""
+    if isinstance(batch, ClipBatch):
+        return batch.collated
+    return default_collate(batch)
+
+
+def _batch_array(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
+
+    A worker's result crosses to the main process through shared memory;
+    allocating it there up front (as torch's default collate does) saves a
+    copy of the whole batch.
+    """
+    if get_worker_info() is not None:
+        try:
+            storage = torch.UntypedStorage._new_shared(math.prod(shape))
+            return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+        except (AttributeError, RuntimeError):
+            pass  # private API gone: fall back to a plain tensor (torch copies it once)
+    return torch.empty(shape, dtype=torch.uint8)
+
+
+class LmdbClipDataset(Dataset):
+    """Every clip of a conversion, in ``open_clips(root)`` order, cropped by a ``ClipPreset``.
+
+    Item ``i`` (or ``(epoch, i)``, as ``DistributedClipSampler`` yields) is
+    ``{"clip": uint8 tensor (T, H, W, C), "label": int, "video_id": str,
+    "clip_index": int, "index": int}``. The crop is keyed by (preset seed,
+    epoch, i); plain int items use the epoch of ``set_epoch``.
+
+    Either pass ``preset`` or the fields to build one (``crop_size``,
+    ``clip_len``, ``seed``, ``flip``, ``multiscale``). ``verify_checksums``
+    checks every shard against the manifest now (a full read) and every
+    value's CRC-32 as it is read.
+    """
+
+    def __init__(self, root: str, *, train: bool, preset: ClipPreset | None = None, crop_size: int = 112,
+                 clip_len: int | None = None, seed: int = 0, verify_checksums: bool = False, flip: bool = True,
+                 multiscale: tuple[float, ...] | None = None) -> None:
+        if preset is None:
+            preset = ClipPreset(train=train, crop_size=crop_size, clip_len=clip_len, seed=seed, flip=flip,
+                                multiscale=multiscale)
+        else:
+            if not isinstance(preset, ClipPreset):
+                raise ValueError(f"preset must be a ClipPreset or None, got {type(preset).__name__}")
+            given = {k: v for k, v, default in (("crop_size", crop_size, 112), ("clip_len", clip_len, None),
+                                                ("seed", seed, 0), ("flip", flip, True),
+                                                ("multiscale", multiscale, None)) if v != default}
+            if given:
+                raise ValueError(f"give either preset or its fields, not both (also got {sorted(given)})")
+            if preset.train != train:
+                raise ValueError(f"train={train} but the preset has train={preset.train}")
+        self.root = root
+        self.train = train
+        self.preset = preset
+        self.verify_checksums = bool(verify_checksums)
+        self.store: ClipStore = open_clips(root)
+        self.classes: list[str] = self.store.classes
+        self.epoch = 0
+        stored = self.store.manifest["clip"]["clip_len"]
+        if preset.clip_len is not None and preset.clip_len > stored:
+            raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
+        shape = self.store.manifest.get("clip_shape")
+        if shape:
+            preset.params(0, 0, shape)  # a crop that cannot fit fails here, not in a worker
+        self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
+        if self.verify_checksums:
+            self.verify()
+
+    # -- the index ----------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Epoch used for plain int items (tuples carry their own)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = int(epoch)
+
+    def labels(self) -> np.ndarray:
+        """Label of every clip, in index order (for samplers)."""
+        return self.store.labels()
+
+    def video_index(self) -> np.ndarray:
+        """Video number of every clip, in index order (for video-level evaluation)."""
+        return self.store.video_index()
+
+    @property
+    def video_ids(self) -> list[str]:
+        """Video id of each video number of ``video_index()``."""
+        return self.store.video_ids
+
+    def verify(self) -> dict:
+        """Check every value's CRC and every shard's SHA-256 against the manifest; DatasetError if not."""
+        from .verify import verify_store
+
+        return verify_store(self.store)
+
+    def _resolve(self, item: Any) -> tuple[int, int]:
+        if isinstance(item, (tuple, list)):
+            if len(item) != 2:
+                raise ValueError(f"item must be an index or (epoch, index), got {item!r}")
+            epoch, i = operator.index(item[0]), operator.index(item[1])
+        else:
+            epoch, i = self.epoch, operator.index(item)
+        n = len(self.store)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"clip {i} out of range for {n} clips")
+        return epoch, i
+
+    # -- reading ------------------------------------------------------------
+    def _read(self, items: Sequence[Any], out: np.ndarray) -> tuple[list[int], list]:
+        pairs = [self._resolve(it) for it in items]
+        headers: list = [None] * len(pairs)
+        n_classes = len(self.classes)
+
+        def fill(pos: int, value: memoryview) -> None:
+            epoch, i = pairs[pos]
+            headers[pos] = crop_value_into(value, out[pos], self.preset, epoch, i, num_classes=n_classes,
+                                           verify=self.verify_checksums)
+
+        self.store.visit_values([i for _, i in pairs], fill)
+        return [i for _, i in pairs], headers
+
+    def __getitem__(self, item: Any) -> dict:
+        arr = np.empty((1, *self.clip_shape), dtype=np.uint8)
+        (i,), (h,) = self._read([item], arr)
+        return {"clip": torch.from_numpy(arr[0]), "label": int(h.label), "video_id": h.video_id,
+                "clip_index": int(h.clip_index), "index": i}
+
+    def __getitems__(self, items: Sequence[Any]) -> ClipBatch:
+        """A whole batch: one read transaction per shard, crops written into one array."""
+        clips = _batch_array((len(items), *self.clip_shape))
+        indices, headers = self._read(items, clips.numpy())
+        labels = [int(h.label) for h in headers]
+        vids = [h.video_id for h in headers]
+        cidx = [int(h.clip_index) for h in headers]
+        collated = {"clip": clips, "label": torch.tensor(labels, dtype=torch.int64), "video_id": vids,
+                    "clip_index": torch.tensor(cidx, dtype=torch.int64),
+                    "index": torch.tensor(indices, dtype=torch.int64)}
+        samples = [{"clip": clips[k], "label": labels[k], "video_id": vids[k], "clip_index": cidx[k],
+                    "index": indices[k]} for k in range(len(items))]
+        return ClipBatch(samples, collated)
+
+    def __repr__(self) -> str:
+        return (f"LmdbClipDataset({self.root!r}, {len(self)} clips, {len(self.classes)} classes, "
+                f"out {self.clip_shape}, {self.preset})")
+
+
+__all__ = ["ClipBatch", "DatasetError", "LmdbClipDataset", "collate"]

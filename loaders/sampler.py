@@ -1,0 +1,157 @@
+"""``DistributedClipSampler``: per-rank, per-epoch order that can resume mid-epoch.
+
+An epoch's global order is a function of (seed, epoch) only: a permutation
+(or, with ``balanced``, class-balanced draws), padded by wrapping to a
+multiple of the rank count (or cut, with ``drop_last``), then dealt out
+round-robin as torch's DistributedSampler does. Each rank therefore sees a
+disjoint, equal share, and a restarted job reproduces the order exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+
+def _world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+class DistributedClipSampler(Sampler):
+    """Indices for one rank: shuffled per epoch from (seed, epoch), resumable at a position.
+
+    ``n_or_labels``: the dataset size, or the label of every item (needed for
+    ``balanced``). ``num_replicas``/``rank`` default to torch.distributed's
+    when it is initialised, else 1/0. Yields ``(epoch, index)`` tuples when
+    ``with_epoch`` (so persistent workers know the epoch), else ints.
+
+    ``balanced``: each epoch draws ``epoch_size`` (default: the dataset size)
+    indices with replacement, each with probability inversely proportional to
+    its class's frequency, so every class is drawn about equally often.
+
+    Resuming: ``set_position(p)`` (or ``load_state_dict``) makes iteration
+    of the current epoch start at this rank's p-th sample. The position lasts
+    until ``set_epoch`` moves to another epoch; calling ``set_epoch`` with the
+    current epoch keeps it, so the usual ``for epoch in range(start, end):
+    sampler.set_epoch(epoch)`` loop resumes correctly. The sampler cannot know
+    how far training got (DataLoader prefetch runs ahead of the model), so the
+    trainer counts consumed samples and passes them to ``state_dict``.
+    """
+
+    def __init__(self, n_or_labels: int | Sequence[int] | np.ndarray, *, num_replicas: int | None = None,
+                 rank: int | None = None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 balanced: bool = False, with_epoch: bool = True, epoch_size: int | None = None) -> None:
+        if isinstance(n_or_labels, (int, np.integer)):
+            self.n = int(n_or_labels)
+            self.labels: np.ndarray | None = None
+        else:
+            self.labels = np.asarray(n_or_labels, dtype=np.int64).reshape(-1)
+            self.n = int(self.labels.size)
+        if self.n < 0:
+            raise ValueError(f"dataset size must be >= 0, got {self.n}")
+        world, world_rank = _world()
+        self.num_replicas = world if num_replicas is None else int(num_replicas)
+        self.rank = world_rank if rank is None else int(rank)
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {self.num_replicas}")
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank must be in 0..{self.num_replicas - 1}, got {self.rank}")
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        if balanced and self.labels is None:
+            raise ValueError("balanced=True needs the labels (pass dataset.labels(), not a count)")
+        if balanced and self.labels is not None and self.n and self.labels.min() < 0:
+            raise ValueError(f"labels must be >= 0 for balanced sampling, got {int(self.labels.min())}")
+        if epoch_size is not None and (not balanced or epoch_size < 1):
+            raise ValueError("epoch_size applies to balanced=True only and must be >= 1")
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.balanced, self.with_epoch = bool(balanced), bool(with_epoch)
+        self.epoch_size = int(epoch_size) if epoch_size is not None else self.n
+        self.epoch = 0
+        self.position = 0
+        if self.drop_last:
+            self.num_samples = self.epoch_size // self.num_replicas
+        else:
+            self.num_samples = math.ceil(self.epoch_size / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    # -- state ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; moving to another epoch restarts at position 0."""
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self.position = 0
+        self.epoch = epoch
+
+    def set_position(self, position: int) -> None:
+        """Start this epoch's iteration at this rank's ``position``-th sample (0..len)."""
+        position = operator.index(position)
+        if not 0 <= position <= self.num_samples:
+            raise ValueError(f"position must be in 0..{self.num_samples}, got {position}")
+        self.position = position
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """``{"epoch", "position"}``; ``consumed``: samples this rank has used this epoch (default: the position set)."""
+        position = self.position if consumed is None else operator.index(consumed)
+        return {"epoch": self.epoch, "position": position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``: the epoch and the position inside it."""
+        if "epoch" not in state or "position" not in state:
+            raise ValueError(f"sampler state needs keys epoch and position, got {sorted(state)}")
+        epoch = int(state["epoch"])
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self.set_position(int(state["position"]))
+
+    # -- order ----------------------------------------------------------------
+    def global_order(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's order over all ranks, padded or cut to ``num_replicas * len(self)``."""
+        epoch = self.epoch if epoch is None else epoch
+        if self.n == 0 or self.total_size == 0:
+            return np.zeros(0, dtype=np.int64)
+        rng = np.random.default_rng((self.seed, int(epoch)))
+        if self.balanced:
+            counts = np.bincount(self.labels)
+            weight = 1.0 / counts[self.labels]
+            order = rng.choice(self.n, size=self.epoch_size, replace=True, p=weight / weight.sum())
+        elif self.shuffle:
+            order = rng.permutation(self.n)
+        else:
+            order = np.arange(self.n)
+        if order.size < self.total_size:
+            order = np.resize(order, self.total_size)  # wraps around, as DistributedSampler pads
+        return order[:self.total_size].astype(np.int64)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's share of the epoch, from its first sample (ignores the position)."""
+        return self.global_order(epoch)[self.rank::self.num_replicas]
+
+    def __iter__(self) -> Iterator:
+        mine = self.indices()[self.position:].tolist()
+        if self.with_epoch:
+            epoch = self.epoch
+            return iter([(epoch, i) for i in mine])
+        return iter(mine)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        return (f"DistributedClipSampler(n={self.n}, rank {self.rank}/{self.num_replicas}, "
+                f"shuffle={self.shuffle}, balanced={self.balanced}, seed={self.seed}, epoch={self.epoch}, "
+                f"position={self.position})")
+
+
+__all__ = ["DistributedClipSampler"]

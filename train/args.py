@@ -1,0 +1,149 @@
+"""Command line of ``python -m train`` (and ``torchrun ... -m train``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from .errors import TrainError
+
+
+def _batch(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"batch size must be positive, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m train",
+        description="Train C3D on converted clip shards. One process: python -m train --data OUT; "
+                    "several: torchrun --nproc_per_node N -m train --data OUT. "
+                    "`python -m train demo` runs the synthetic end-to-end demo.")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
+    g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")
+    g.add_argument("--loader", default="lmdb", choices=("lmdb", "dali"),
+                   help="reader: lmdb (DataLoader workers, CPU crop) or dali (GPU pipeline; needs nvidia-dali)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="loader processes per rank (default: CPU cores / ranks on this node, at most 8)")
+    g.add_argument("--crop-size", type=int, default=112, help="square crop fed to the model (default 112)")
+    g.add_argument("--clip-len", type=int, default=None, help="frames per clip (default: the stored length)")
+    g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model-width", type=float, default=1.0,
+                   help="multiplier on conv channels and fc width (default 1.0: the paper's C3D)")
+    g.add_argument("--bn", action="store_true", help="BatchNorm3d after every convolution (off in the paper)")
+    g.add_argument("--dropout", type=float, default=0.5, help="dropout after fc6 and fc7 (default 0.5)")
+    g.add_argument("--finetune", metavar="CKPT",
+                   help="start from these weights; the classifier is re-initialised when the class count differs")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (slower start, faster steps)")
+    g.add_argument("--channels-last", action="store_true",
+                   help="channels_last_3d weights and inputs (CUDA only; usually faster convolutions with AMP)")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=16, help="epochs (default 16, as in the paper); sets the schedule")
+    g.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many optimizer steps in total, with a checkpoint (the schedule is "
+                        "unchanged, so a resumed run continues exactly)")
+    g.add_argument("--batch-size", type=_batch, default=30,
+                   help="clips per optimizer step per process (default 30, the paper's batch), split into "
+                        "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom")
+    g.add_argument("--auto-headroom", type=float, default=0.85,
+                   help="with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)")
+    g.add_argument("--eval-batch-size", type=int, default=None, help="clips per evaluation batch (default: "
+                   "--batch-size)")
+    g.add_argument("--accum-steps", type=int, default=1,
+                   help="micro-batches per optimizer step; gradients all-reduce on the last one only")
+    g.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="default sgd (the paper)")
+    g.add_argument("--lr", type=float, default=0.003,
+                   help="learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
+                        "the paper's); scaled linearly to batch x processes unless --no-lr-scaling")
+    g.add_argument("--lr-ref-batch", type=int, default=30, help="global batch --lr is given for (default 30)")
+    g.add_argument("--no-lr-scaling", action="store_true", help="use --lr as is, whatever the global batch")
+    g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    g.add_argument("--weight-decay", type=float, default=5e-4, help="on weights, not biases (default 5e-4)")
+    g.add_argument("--schedule", default="step", choices=("step", "cosine", "constant"),
+                   help="step: x --lr-gamma every --lr-step-epochs (the paper: /10 every 4 epochs); "
+                        "cosine: to 0 over --epochs; constant")
+    g.add_argument("--lr-step-epochs", type=float, default=4.0, help="step schedule period (default 4 epochs)")
+    g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule factor (default 0.1)")
+    warm = g.add_mutually_exclusive_group()
+    warm.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up, optimizer steps (default 0)")
+    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up, epochs")
+    g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
+    g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
+                   help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
+                        "needs CUDA; bf16 also runs on the CPU")
+    g.add_argument("--init-scale", type=float, default=2.0**16, help="fp16 GradScaler initial scale (default 65536)")
+    g.add_argument("--growth-interval", type=int, default=2000,
+                   help="fp16 GradScaler: steps without overflow before the scale doubles (default 2000)")
+
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default="runs/c3d", help="checkpoints, metrics.jsonl, eval results, plots")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from OUT/checkpoint.pt when it exists (same data order, RNG and schedule); "
+                        "starts fresh when it does not, so a restart script can always pass it")
+    g.add_argument("--seed", type=int, default=0, help="data order, augmentation, init and dropout (default 0)")
+    g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
+    g.add_argument("--dist-backend", default=None, choices=("nccl", "gloo"),
+                   help="process group backend under torchrun (default nccl on GPUs, gloo on the CPU)")
+    g.add_argument("--ddp-bucket-mb", type=float, default=25.0,
+                   help="DDP gradient bucket size (default 25, PyTorch's: C3D's ~320 MB of fp32 gradients make "
+                        "~13 buckets, whose all-reduces overlap the backward pass; larger buckets mean fewer, "
+                        "later launches)")
+    g.add_argument("--grad-as-bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                   help="gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
+                        "~320 MB for C3D, and a memcpy per step)")
+    g.add_argument("--ckpt-every", type=int, default=0,
+                   help="also checkpoint every N optimizer steps (default 0: at epoch ends and at --max-steps only)")
+    g.add_argument("--eval-every", type=int, default=1,
+                   help="evaluate every N epochs (default 1; 0 = only at the end); needs --val-data")
+    g.add_argument("--log-every", type=int, default=10, help="optimizer steps per metrics.jsonl line (default 10)")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    g.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard events even if installed")
+    g.add_argument("--deterministic", action="store_true",
+                   help="torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)")
+    return p
+
+
+def default_workers(world_size: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return max(0, min(8, cores // max(local, 1) - 1))
+
+
+def check_args(args: argparse.Namespace, device: torch.device) -> None:
+    """Option combinations that cannot work, as one-line errors, before anything is built."""
+    cpu = device.type != "cuda"
+    if args.amp is None:
+        args.amp = "off" if cpu else "bf16"
+    if cpu and args.amp == "fp16":
+        raise TrainError("--amp fp16 needs CUDA (fp16 autocast with a GradScaler); on the CPU use --amp bf16 or off")
+    if cpu and args.channels_last:
+        raise TrainError("--channels-last needs CUDA (channels_last_3d convolutions are a GPU speed-up)")
+    if args.accum_steps < 1:
+        raise TrainError(f"--accum-steps must be at least 1, got {args.accum_steps}")
+    if args.batch_size != "auto" and args.batch_size % args.accum_steps:
+        raise TrainError(f"--batch-size {args.batch_size} is not divisible by --accum-steps {args.accum_steps} "
+                         f"(--batch-size is the per-process batch of one optimizer step, split into equal "
+                         f"micro-batches)")
+    if args.epochs < 1:
+        raise TrainError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
+        raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if not 0.0 <= args.dropout < 1.0:
+        raise TrainError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.finetune and not os.path.isfile(args.finetune):
+        raise TrainError(f"--finetune {args.finetune}: no such file")

@@ -1,0 +1,170 @@
+"""The loops: ``train_one_epoch`` and ``evaluate`` (the shape of torchvision's video reference)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import dist
+from .data import EvalData, TrainData, to_model_input
+from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
+
+
+@dataclass
+class TrainState:
+    """Progress counters that go into the checkpoint."""
+
+    step: int = 0  # optimizer steps done in the whole run
+    epoch: int = 0  # the epoch in progress (or the next one, at a boundary)
+    epoch_step: int = 0  # optimizer steps done in this epoch
+
+
+@dataclass
+class StepConfig:
+    """What one optimizer step needs besides the model and data."""
+
+    device: torch.device
+    amp_dtype: torch.dtype | None  # None: no autocast
+    accum_steps: int
+    channels_last: bool = False
+    clip_grad_norm: float | None = None
+    max_steps: int | None = None
+    ckpt_every: int = 0
+    log_every: int = 10
+    progress: bool = False
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Module,
+                    optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
+                    data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
+                    save: Callable[[TrainState], None], world_size: int = 1) -> bool:
+    """Run the rest of ``state.epoch``; returns True when ``--max-steps`` stopped it.
+
+    ``model`` is what is called (maybe compiled), ``ddp`` the DistributedDataParallel
+    wrapper inside it or None. A batch is one optimizer step for this rank; it
+    is split into ``accum_steps`` micro-batches and only the last backward
+    all-reduces, the others run under ``ddp.no_sync()``.
+    """
+    model.train()
+    device = cfg.device
+    remaining = data.steps_per_epoch - state.epoch_step
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=data.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}",
+                   dynamic_ncols=True, leave=False)
+    loss_acc = torch.zeros((), device=device)
+    window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
+    it = iter(data)
+    for _ in range(remaining):
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:  # a reader with fewer batches than announced: end the epoch here
+            break
+        window["wait"] += time.perf_counter() - t0
+        clips, labels = batch["clip"], batch["label"]
+        optimizer.zero_grad(set_to_none=True)
+        chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps)))
+        for j, (xc, yc) in enumerate(chunks):
+            last = j == len(chunks) - 1
+            sync = contextlib.nullcontext() if (ddp is None or last) else ddp.no_sync()
+            with sync:
+                x = to_model_input(xc, mean=data.mean, std=data.std, device=device, channels_last=cfg.channels_last)
+                y = yc.to(device, non_blocking=True)
+                with _autocast(device, cfg.amp_dtype):
+                    out = model(x)
+                # Loss in float32 and divided by the micro-batch count, so the
+                # accumulated gradient is the mean over the whole batch.
+                loss = criterion(out.float(), y) / len(chunks)
+                scaler.scale(loss).backward()
+            loss_acc += loss.detach()
+        if cfg.clip_grad_norm:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        state.step += 1
+        state.epoch_step += 1
+        window["steps"] += 1
+        if bar is not None:
+            bar.update(1)
+        stop = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if window["steps"] >= cfg.log_every or stop or state.epoch_step == data.steps_per_epoch:
+            _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
+            loss_acc.zero_()
+            window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
+        if stop:
+            save(state)
+            break
+        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+            save(state)
+    if bar is not None:
+        bar.close()
+    return cfg.max_steps is not None and state.step >= cfg.max_steps
+
+
+def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Optimizer,
+                scaler: torch.amp.GradScaler, data: TrainData, state: TrainState, cfg: StepConfig,
+                log: MetricsLog, bar: Any, world_size: int) -> None:
+    if cfg.device.type == "cuda":
+        torch.cuda.synchronize(cfg.device)  # so the window's wall time covers its GPU work
+    elapsed = time.perf_counter() - window["start"]
+    steps = window["steps"]
+    # One collective on every rank: summed loss, summed wait and the slowest rank's time.
+    loss_sum, wait_sum = dist.all_reduce([float(loss_acc), window["wait"]], cfg.device)
+    (slowest,) = dist.all_reduce([elapsed], cfg.device, op="max")
+    record = {
+        "kind": "train", "step": state.step, "epoch": state.epoch + state.epoch_step / data.steps_per_epoch,
+        "loss": loss_sum / (steps * world_size), "lr": optimizer.param_groups[0]["lr"],
+        "clips_per_s": steps * data.batch_size * world_size / max(slowest, 1e-9),
+        "data_wait_frac": wait_sum / world_size / max(elapsed, 1e-9),
+        "step_time_s": elapsed / steps, "peak_mem_mb": peak_memory_mb(cfg.device),
+    }
+    if scaler.is_enabled():
+        record["grad_scale"] = float(scaler.get_scale())
+    log.log(record)
+    if bar is not None:
+        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                        clips_s=f"{record['clips_per_s']:.1f}", wait=f"{record['data_wait_frac']:.0%}")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: torch.dtype | None, *,
+             channels_last: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Clip and video accuracy over all of ``data``, gathered from every rank.
+
+    ``model`` must be the plain module, not the DDP wrapper: ranks hold
+    different numbers of clips, and DDP's forward may talk to the other ranks.
+    """
+    was_training = model.training
+    model.eval()
+    acc = EvalAccumulator(len(data.classes))
+    criterion = nn.CrossEntropyLoss(reduction="sum")
+    with torch.random.fork_rng(devices=[]):  # loader start-up must not move the training RNG
+        it = iter(data.loader)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="eval", leave=False, dynamic_ncols=True)
+    for batch in it:
+        x = to_model_input(batch["clip"], mean=data.mean, std=data.std, device=device, channels_last=channels_last)
+        y = batch["label"].to(device, non_blocking=True)
+        with _autocast(device, amp_dtype):
+            logits = model(x)
+        logits = logits.float()
+        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)))
+    states = dist.all_gather_object(acc.state())
+    model.train(was_training)
+    return merge_eval(states, data.classes)

@@ -1,0 +1,172 @@
+"""Evaluation numbers (clip and video level) and the run's logs (JSON lines, TensorBoard).
+
+Evaluation is accumulated per rank into small sums (per video: summed softmax
+and summed logits over its clips), gathered with ``all_gather_object`` and
+merged, so each rank ships O(videos x classes) numbers, not every clip's
+logits, and a video whose clips landed on several ranks is still scored once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class EvalAccumulator:
+    """Sums over the clips one rank evaluated."""
+
+    def __init__(self, num_classes: int) -> None:
+        self.c = num_classes
+        self.loss_sum = 0.0
+        self.clips = 0
+        self.top1 = 0
+        self.top5 = 0
+        self.class_correct = np.zeros(num_classes, np.int64)
+        self.class_total = np.zeros(num_classes, np.int64)
+        self.videos: dict[str, dict[str, Any]] = {}
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, video_ids: list[str], loss_sum: float) -> None:
+        logits = logits.detach().float().cpu()
+        labels = labels.cpu()
+        k = min(5, self.c)
+        top = logits.topk(k, dim=1).indices
+        hit1 = top[:, 0] == labels
+        self.top1 += int(hit1.sum())
+        self.top5 += int((top == labels[:, None]).any(dim=1).sum())
+        self.clips += len(labels)
+        self.loss_sum += loss_sum
+        np.add.at(self.class_total, labels.numpy(), 1)
+        np.add.at(self.class_correct, labels[hit1].numpy(), 1)
+        probs = torch.softmax(logits, dim=1).double().numpy()
+        logs = logits.double().numpy()
+        for j, vid in enumerate(video_ids):
+            v = self.videos.get(vid)
+            if v is None:
+                v = self.videos[vid] = {"label": int(labels[j]), "prob": np.zeros(self.c), "logit": np.zeros(self.c),
+                                        "n": 0}
+            v["prob"] += probs[j]
+            v["logit"] += logs[j]
+            v["n"] += 1
+
+    def state(self) -> dict[str, Any]:
+        """What a rank sends to the others."""
+        return {"loss_sum": self.loss_sum, "clips": self.clips, "top1": self.top1, "top5": self.top5,
+                "class_correct": self.class_correct, "class_total": self.class_total, "videos": self.videos}
+
+
+def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, Any]:
+    """Clip top-1/top-5, video accuracy (mean softmax and mean logits), per-class accuracy, confusion matrix."""
+    c = len(classes)
+    clips = sum(s["clips"] for s in states)
+    if clips == 0:
+        raise ValueError("evaluation saw no clips")
+    videos: dict[str, dict[str, Any]] = {}
+    for s in states:
+        for vid, v in s["videos"].items():
+            have = videos.get(vid)
+            if have is None:
+                videos[vid] = {"label": v["label"], "prob": v["prob"].copy(), "logit": v["logit"].copy(), "n": v["n"]}
+            else:
+                have["prob"] += v["prob"]
+                have["logit"] += v["logit"]
+                have["n"] += v["n"]
+    class_correct = sum(s["class_correct"] for s in states)
+    class_total = sum(s["class_total"] for s in states)
+    labels = np.array([v["label"] for v in videos.values()], np.int64)
+    probs = np.stack([v["prob"] / v["n"] for v in videos.values()])
+    logits = np.stack([v["logit"] / v["n"] for v in videos.values()])
+    pred = probs.argmax(1)
+    pred_logit = logits.argmax(1)
+    k = min(5, c)
+    top5 = np.argsort(-probs, axis=1)[:, :k]
+    confusion = np.zeros((c, c), np.int64)
+    np.add.at(confusion, (labels, pred), 1)
+    video_total = confusion.sum(1)
+    per_class = {}
+    for i, name in enumerate(classes):
+        per_class[name] = {
+            "clip_acc": float(class_correct[i] / class_total[i]) if class_total[i] else None,
+            "video_acc": float(confusion[i, i] / video_total[i]) if video_total[i] else None,
+            "clips": int(class_total[i]), "videos": int(video_total[i]),
+        }
+    seen = [v["video_acc"] for v in per_class.values() if v["video_acc"] is not None]
+    return {
+        "loss": sum(s["loss_sum"] for s in states) / clips,
+        "clips": clips,
+        "videos": len(videos),
+        "clip_top1": sum(s["top1"] for s in states) / clips,
+        "clip_top5": sum(s["top5"] for s in states) / clips,
+        "video_top1": float((pred == labels).mean()),
+        "video_top5": float((top5 == labels[:, None]).any(1).mean()),
+        "video_top1_logits": float((pred_logit == labels).mean()),
+        "mean_class_video_acc": float(np.mean(seen)) if seen else None,
+        "per_class": per_class,
+        "classes": list(classes),
+        "confusion": confusion.tolist(),
+    }
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: CUDA allocator peak on a GPU, the process's max RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+class MetricsLog:
+    """``OUT/metrics.jsonl`` (one JSON object per line) and TensorBoard if it is installed; rank 0 only."""
+
+    def __init__(self, out: str, enabled: bool, tensorboard: bool = True) -> None:
+        self.enabled = enabled
+        self.path = os.path.join(out, "metrics.jsonl")
+        self.tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(os.path.join(out, "tb"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, default=_jsonable) + "\n")
+        if self.tb is not None:
+            step = int(record.get("step", 0))
+            prefix = record.get("kind", "train")
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                    self.tb.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """Every record of a metrics.jsonl (a torn last line, from a kill, is skipped)."""
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
