@@ -265,3 +265,11 @@ def test_inspect_summary_and_sheet(synth_videos, tmp_path):
 
     img = Image.open(sheet)
     assert img.size == (4 * 173, 5 * (128 + 16))
+
+
+def test_dask_cluster_gives_the_same_shards(synth_videos, tmp_path):
+    pytest.importorskip("distributed")
+    a = run_job(synth_videos, str(tmp_path / "joblib"), ConvertConfig(), _opts(shards=3))
+    b = run_job(synth_videos, str(tmp_path / "dask"), ConvertConfig(), _opts(shards=3, dask="local"))
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+    assert a["totals"] == b["totals"] and a["totals"]["videos"] == 20

@@ -192,6 +192,12 @@ class LmdbWriter(ShardWriter):
 
     @staticmethod
     def read_done(path: str) -> list[DoneRecord]:
-        """The done records of a shard, through the per-process read-only handle."""
-        with open_readonly(path).begin() as txn:
-            return [DoneRecord.from_bytes(v) for _, v in iter_prefix(txn, DONE_PREFIX)]
+        """The done records of a shard (the job's parent reads them once, then lets go)."""
+        cached = (os.getpid(), os.path.abspath(path)) in _READERS
+        env = open_readonly(path)
+        try:
+            with env.begin() as txn:
+                return [DoneRecord.from_bytes(v) for _, v in iter_prefix(txn, DONE_PREFIX)]
+        finally:
+            if not cached:
+                forget_readonly(path)
