@@ -91,8 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m convert",
         description="Decode every video once into fixed-length uint8 RGB clips stored in shards. "
-                    "Sub-commands: 'verify OUT', 'inspect OUT', 'demo' (see 'python -m convert verify --help').",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                    "Restartable: run the same command again after any interruption.",
+        epilog="Sub-commands: 'python -m convert verify OUT' checks every shard against the manifest; "
+               "'python -m convert inspect OUT [--sheet FILE.png]' summarises and draws sample clips; "
+               "'python -m convert demo' synthesises a small dataset and converts it.",
     )
     p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
                    "or a folder of class folders")

@@ -158,7 +158,7 @@ class VideoDecoder:
         prev = None
         step = 1.0 / self.rate
         for frame in self._raw_frames():
-            t = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
+            t = frame.time  # seconds as a float, None when the frame has no pts
             if prev is None:
                 t = t if t is not None else 0.0
             elif t is None or t <= prev:
