@@ -81,6 +81,9 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
                    "the map grows before each video from its probed size, and again if ever full)")
     g.add_argument("--compact", action="store_true", help="rewrite each finished shard without free pages")
+    g.add_argument("--max-memory", type=parse_bytes, metavar="BYTES",
+                   help="heap limit per shard process, e.g. 4G: a video that needs more is recorded as failed "
+                        "instead of calling the OOM killer (default: no limit)")
     g.add_argument("--dask", metavar="ADDRESS", help="run shards on a Dask cluster (scheduler address, or 'local'); "
                    "OUT must be on storage every Dask worker sees")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -118,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]
     if args.video_timeout <= 0:
         raise ValueError("--video-timeout must be > 0")
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
-                         map_size=args.map_size, compact=args.compact)
+                         map_size=args.map_size, compact=args.compact, max_memory=args.max_memory)
     opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
                       progress=not args.no_progress and sys.stderr.isatty())
     return config, opts

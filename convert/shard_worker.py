@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -41,6 +42,7 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
                 return (yield from failed_producer(item, str(exc))())
         cutter = ClipCutter(clip_spec)
         try:
+            _inject_fault(item)
             with dec:
                 for frame in dec:
                     clip = cutter.push(frame)
@@ -50,6 +52,8 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
                         break
         except VideoError as exc:
             return (yield from failed_producer(item, str(exc))())
+        except MemoryError:
+            return (yield from failed_producer(item, "out of memory while decoding (see --max-memory)")())
         n, frames = cutter.emitted, cutter.frames_seen
         record = lambda status, clips, reason="": DoneRecord(  # noqa: E731
             item.id, item.path, item.label, status, clips, frames, reason)
@@ -78,7 +82,7 @@ def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
 
 
 def _inject_fault(item: VideoItem) -> None:
-    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID" or "crash_once:ID:MARKER_FILE".
+    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID", "alloc:ID" or "crash_once:ID:MARKER_FILE".
 
     Lets the test suite prove that a decoder crash or hang costs one video and
     nothing else, without shipping a file that really crashes FFmpeg.
@@ -96,11 +100,14 @@ def _inject_fault(item: VideoItem) -> None:
         os.kill(os.getpid(), signal.SIGSEGV)
     if kind == "hang":
         time.sleep(3600)
+    if kind == "alloc":
+        import numpy as np
+
+        np.ones(1 << 40, dtype=np.uint8)  # 1 TiB: fails under any --max-memory
 
 
 def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> DoneRecord:
     """Decode, cut and store one video; a video that cannot be opened is recorded as failed."""
-    _inject_fault(item)
     try:
         dec = VideoDecoder(item.path, config.frame_spec(threads))
         estimate = estimate_bytes(dec, config)
@@ -128,6 +135,12 @@ def main(argv: list[str]) -> int:
     # Answers go on a private descriptor; anything a library prints lands in the log.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
+    if opts.get("max_memory"):
+        # RLIMIT_DATA bounds the heap (decoder buffers, frames) but not the
+        # file-backed LMDB map, so a huge video fails with MemoryError here
+        # instead of waking the machine's OOM killer.
+        limit = int(opts["max_memory"])
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     plan = load_plan(out)
     items = plan.shards[index]
     with open_writer(out, plan, index, opts.get("map_size")) as writer:

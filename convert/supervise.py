@@ -32,6 +32,7 @@ class ShardOptions:
     threads: int = 1
     map_size: int | None = None
     compact: bool = False
+    max_memory: int | None = None  # bytes of heap per shard process (RLIMIT_DATA)
 
 
 def describe_exit(rc: int | None) -> str:
@@ -49,7 +50,8 @@ class _Child:
         os.makedirs(os.path.join(out, LOG_DIR), exist_ok=True)
         log = open(os.path.join(out, LOG_DIR, shard_name(index) + ".log"), "ab")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])))
-        args = {"threads": opts.threads, "map_size": opts.map_size, "compact": opts.compact}
+        args = {"threads": opts.threads, "map_size": opts.map_size, "compact": opts.compact,
+                "max_memory": opts.max_memory}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "convert.shard_worker", out, str(index), json.dumps(args)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,

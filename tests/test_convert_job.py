@@ -174,6 +174,17 @@ def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
     assert len(set(open_clips(str(out2)).video_ids)) == 19
 
 
+def test_memory_limit_turns_a_huge_allocation_into_one_failed_video(synth_videos, tmp_path):
+    out = tmp_path / "mem"
+    r = _cli(synth_videos, str(out), "--workers", "2", "--no-progress", "--max-memory", "2G",
+             env={"CONVERT_TEST_FAULT": "alloc:spin/spin_003"})
+    assert r.returncode == 0, r.stderr
+    report = [json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()]
+    assert report == [{"id": "spin/spin_003", "path": report[0]["path"], "status": "failed",
+                       "reason": "out of memory while decoding (see --max-memory)"}]
+    assert len(set(open_clips(str(out)).video_ids)) == 19
+
+
 def test_crash_once_is_retried_and_converted(synth_videos, tmp_path):
     marker = tmp_path / "crashed-once"
     out = tmp_path / "o"
