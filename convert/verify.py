@@ -21,7 +21,7 @@ def verify_shard(path: str, meta: dict, manifest: dict) -> list[str]:
         return [f"{name}: missing ({path} has no data.mdb)"]
     try:
         env = open_readonly(path)
-    except lmdb.Error as exc:
+    except (lmdb.Error, OSError) as exc:
         return [f"{name}: cannot open: {exc}"]
     problems: list[str] = []
     h = hashlib.sha256()

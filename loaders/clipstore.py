@@ -18,7 +18,6 @@ import lmdb
 import numpy as np
 
 from convert.codecs import codec_for_id
-from convert.writers import lmdb_writer as _lmdb_writer
 from convert.writers.lmdb_writer import forget_readonly, open_readonly
 from convert.format import DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
 
@@ -26,59 +25,14 @@ from convert.format import DONE_PREFIX, FormatError, check_crc, clip_key, read_m
 DatasetError = FormatError
 
 
-def _close_inherited_handles() -> None:
-    """In a forked child, close the read handles the parent had open.
-
-    py-lmdb's "already open in this process" registry is inherited through
-    fork together with the parent's handles, so without this a DataLoader
-    worker (fork start method) could not open a shard its parent had read.
-    The inherited copies are never used here (LMDB forbids that), only
-    closed, which unmaps the child's copy and leaves the parent's untouched.
-    """
-    readers = getattr(_lmdb_writer, "_READERS", None)
-    if not readers:
-        return
-    pid = os.getpid()
-    for key in [k for k in readers if k[0] != pid]:
-        env = readers.pop(key)
-        try:
-            env.close()
-        except lmdb.Error:
-            pass  # best effort: a reopen that still fails reports its own reason
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_inherited_handles)
-
-_CHECKED: set[tuple[int, str]] = set()  # (pid, path) of handles whose size was checked
-
-
-def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
-    """Refuse a data file shorter than its meta page says: reading past its end would SIGBUS."""
-    data = os.path.join(path, "data.mdb")
-    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    have = os.path.getsize(data)
-    if have < need:
-        raise DatasetError(f"{data}: shard truncated ({have} bytes, its LMDB meta page needs {need})")
-
-
 def open_env(path: str) -> lmdb.Environment:
     """This process's read-only handle on a shard, opened on first use (fork-safe)."""
-    key = (os.getpid(), path)
     try:
-        env = open_readonly(path)
-    except FileNotFoundError as exc:
+        return open_readonly(path)
+    except OSError as exc:  # missing or truncated data file
         raise DatasetError(str(exc)) from exc
     except lmdb.Error as exc:
         raise DatasetError(f"{path}: shard cannot be opened: {exc}") from exc
-    if key not in _CHECKED:
-        try:
-            _check_not_truncated(path, env)
-        except DatasetError:
-            forget_readonly(path)
-            raise
-        _CHECKED.add(key)
-    return env
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class LmdbClipDataset(Dataset):
     epoch, i); plain int items use the epoch of ``set_epoch``.
 
     Either pass ``preset`` or the fields to build one (``crop_size``,
-    ``clip_len``, ``seed``, ``flip``, ``multiscale``). ``verify_checksums``
+    ``clip_len``, ``seed``, ``flip``, ``multiscale``); fields passed with a
+    preset must agree with it. ``verify_checksums``
     checks every shard against the manifest now (a full read) and every
     value's CRC-32 as it is read.
     """
@@ -83,11 +84,14 @@ class LmdbClipDataset(Dataset):
         else:
             if not isinstance(preset, ClipPreset):
                 raise ValueError(f"preset must be a ClipPreset or None, got {type(preset).__name__}")
-            given = {k: v for k, v, default in (("crop_size", crop_size, 112), ("clip_len", clip_len, None),
-                                                ("seed", seed, 0), ("flip", flip, True),
-                                                ("multiscale", multiscale, None)) if v != default}
-            if given:
-                raise ValueError(f"give either preset or its fields, not both (also got {sorted(given)})")
+            # A field left at its default, or equal to the preset's, agrees with the preset.
+            fields = (("crop_size", crop_size, 112), ("clip_len", clip_len, None), ("seed", seed, 0),
+                      ("flip", flip, True), ("multiscale", multiscale, None))
+            clash = [f"{k}={v!r} (preset has {getattr(preset, k)!r})" for k, v, default in fields
+                     if v != default and v != getattr(preset, k)
+                     and not (k == "multiscale" and tuple(v) == getattr(preset, k))]
+            if clash:
+                raise ValueError(f"arguments disagree with the preset: {', '.join(clash)}")
             if preset.train != train:
                 raise ValueError(f"train={train} but the preset has train={preset.train}")
         self.root = root

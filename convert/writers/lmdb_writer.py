@@ -28,19 +28,50 @@ MAX_GROWTHS = 40
 _READERS: dict[tuple[int, str], lmdb.Environment] = {}
 
 
+def _close_inherited() -> None:
+    """In a forked child, close the read handles inherited from the parent.
+
+    py-lmdb's "already open in this process" registry crosses fork with the
+    handles, so without this a DataLoader worker (fork start method) could not
+    open a shard its parent had read. Closing the child's copies unmaps them in
+    the child only; the parent's handles are untouched.
+    """
+    pid = os.getpid()
+    for key in [k for k in _READERS if k[0] != pid]:
+        try:
+            _READERS.pop(key).close()
+        except lmdb.Error:
+            pass  # a reopen that still fails reports its own reason
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
+
+
+class ShardTruncated(OSError):
+    """A data file shorter than its own meta page says (reading on would SIGBUS)."""
+
+
 def open_readonly(path: str) -> lmdb.Environment:
     """This process's one read-only handle on a shard (no lock, no readahead).
 
     py-lmdb refuses to open an environment twice in one process, and a handle
-    must not cross a fork, so handles are cached per (pid, path).
+    must not cross a fork, so handles are cached per (pid, path). A truncated
+    file is refused here: LMDB maps it and would crash the process with SIGBUS
+    on the first page past its end.
     """
     key = (os.getpid(), os.path.abspath(path))
     env = _READERS.get(key)
     if env is None:
-        if not os.path.exists(os.path.join(path, "data.mdb")):
+        data = os.path.join(path, "data.mdb")
+        if not os.path.exists(data):
             raise FileNotFoundError(f"{path}: shard missing (no data.mdb)")
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0,
                         max_readers=2048)
+        need, have = used_bytes(env), os.path.getsize(data)
+        if have < need:
+            env.close()
+            raise ShardTruncated(f"{data}: shard truncated ({have} bytes, its LMDB meta page needs {need})")
         _READERS[key] = env
     return env
 

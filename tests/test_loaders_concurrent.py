@@ -1,0 +1,75 @@
+"""Several processes reading one shard set at once, while others hold it open."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+
+import numpy as np
+
+from loaders import LmdbClipDataset, open_clips
+from loaders.clipstore import open_env
+
+from .loaders_fixtures import loader_base, raw_root  # noqa: F401
+
+
+def _digests(root: str, order: list[int], train: bool) -> dict[int, str]:
+    """SHA-256 of every clip read in ``order`` (runs in a spawned process)."""
+    ds = LmdbClipDataset(root, train=train)
+    out = {}
+    for k in range(0, len(order), 4):  # the batched path, several shards per batch
+        batch = ds.__getitems__([(1, i) for i in order[k:k + 4]])
+        for sample in batch:
+            out[sample["index"]] = hashlib.sha256(sample["clip"].numpy().tobytes()).hexdigest()
+    for i in order[:3]:  # and the single-item path
+        assert hashlib.sha256(ds[(1, i)]["clip"].numpy().tobytes()).hexdigest() == out[i]
+    return out
+
+
+def _stored_digests(root: str) -> dict[int, str]:
+    store = open_clips(root)
+    return {i: hashlib.sha256(store[i].clip.tobytes()).hexdigest() for i in range(len(store))}
+
+
+def test_spawned_readers_return_correct_values(raw_root):
+    ds = LmdbClipDataset(raw_root, train=True)  # this process holds the shards open throughout
+    n = len(ds)
+    want = {i: hashlib.sha256(ds[(1, i)]["clip"].numpy().tobytes()).hexdigest() for i in range(n)}
+    rng = np.random.default_rng(0)
+    orders = [rng.permutation(n).tolist() for _ in range(3)]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(_digests, [(raw_root, o, True) for o in orders])
+        stored = pool.apply_async(_stored_digests, (raw_root,))
+        uncropped = stored.get(timeout=120)
+    for got in results:
+        assert got == want
+    store = open_clips(raw_root)
+    assert uncropped == {i: hashlib.sha256(store[i].clip.tobytes()).hexdigest() for i in range(n)}
+
+
+def _read_in_child(path: str, key: bytes, queue) -> None:
+    try:
+        with open_env(path).begin() as txn:
+            queue.put(len(txn.get(key)))
+    except Exception as exc:  # report any failure to the parent, which asserts on it
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
+    # py-lmdb's "already open in this process" registry is inherited through
+    # fork; the loader closes the inherited handles in the child first.
+    store = open_clips(raw_root)
+    shards, keys = store.keys([0])
+    path = store.shard_paths[int(shards[0])]
+    with open_env(path).begin() as txn:
+        size = len(txn.get(keys[0]))
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(path, keys[0], queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert got == size
+    with open_env(path).begin() as txn:  # the parent's handle still works
+        assert len(txn.get(keys[0])) == size

@@ -1,0 +1,137 @@
+"""Broken conversions give one-line DatasetErrors naming the file and the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from convert.format import pack_value, unpack_header
+from loaders import DatasetError, LmdbClipDataset, open_clips
+
+from .loaders_fixtures import copy_conversion, loader_base, raw_root, rewrite_value  # noqa: F401
+
+
+def _one_line(exc: pytest.ExceptionInfo) -> str:
+    msg = str(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def _shard_and_key(root: str, i: int) -> tuple[str, bytes]:
+    """Where clip ``i`` lives, read from the intact original (a damaged copy must not be opened first)."""
+    store = open_clips(root)
+    shards, keys = store.keys([i])
+    return store.manifest["shards"][int(shards[0])]["path"], keys[0]
+
+
+def test_manifest_missing(raw_root, tmp_path):
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    os.remove(os.path.join(root, "manifest.json"))
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True)
+    msg = _one_line(exc)
+    assert root in msg and "manifest.json" in msg and "not a finished conversion" in msg
+
+
+def test_shard_directory_deleted(raw_root, tmp_path):
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    shard = os.path.join(root, "shards", "shard-00001")
+    shutil.rmtree(shard)
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True)
+    msg = _one_line(exc)
+    assert shard in msg and "shard missing" in msg
+
+
+def test_shard_truncated(raw_root, tmp_path):
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    data = os.path.join(root, "shards", "shard-00002", "data.mdb")
+    os.truncate(data, os.path.getsize(data) // 2)
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True)
+    msg = _one_line(exc)
+    assert data in msg and "truncated" in msg
+
+
+def test_corrupt_payload_byte_fails_the_checksum(raw_root, tmp_path):
+    rel, key = _shard_and_key(raw_root, 5)
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    shard = os.path.join(root, rel)
+
+    def flip_a_pixel(value: bytes) -> bytes:
+        b = bytearray(value)
+        b[-1000] ^= 0xFF  # inside the payload; the header's CRC still describes the old bytes
+        return bytes(b)
+
+    rewrite_value(shard, key, flip_a_pixel)
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True, verify_checksums=True)
+    msg = _one_line(exc)
+    assert shard in msg and key.decode() in msg and "checksum mismatch" in msg and "crc32" in msg
+    # unchecked reads go on (it is the caller's choice), and .verify() finds it on demand
+    ds = LmdbClipDataset(root, train=True)
+    assert ds[5]["clip"].shape == (16, 112, 112, 3)
+    with pytest.raises(DatasetError, match="checksum mismatch"):
+        ds.verify()
+    # per-read checking names the shard and the key
+    ds.verify_checksums = True
+    with pytest.raises(DatasetError) as exc:
+        ds[5]
+    msg = _one_line(exc)
+    assert shard in msg and key.decode() in msg and "crc32" in msg
+    assert ds[4]["index"] == 4  # the other clips are fine
+
+
+def test_value_replaced_consistently_still_differs_from_the_manifest(raw_root, tmp_path):
+    rel, key = _shard_and_key(raw_root, 2)
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    shard = os.path.join(root, rel)
+
+    def repack(value: bytes) -> bytes:
+        h = unpack_header(value)
+        payload = bytearray(value[h.offset:])
+        payload[0] ^= 0x01
+        return pack_value(codec_id=h.codec_id, shape=h.shape, label=h.label, clip_index=h.clip_index,
+                          start_frame=h.start_frame, video_id=h.video_id, payload=bytes(payload))
+
+    rewrite_value(shard, key, repack)  # a valid value with its own CRC: only the manifest knows
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True, verify_checksums=True)
+    msg = _one_line(exc)
+    assert shard in msg and "checksum mismatch" in msg and "manifest" in msg
+    assert LmdbClipDataset(raw_root, train=True).verify() == {"shards": 3, "clips": len(open_clips(raw_root))}
+
+
+def test_label_outside_the_class_list(raw_root, tmp_path):
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    path = os.path.join(root, "manifest.json")
+    with open(path) as fh:
+        manifest = json.load(fh)
+    manifest["classes"] = manifest["classes"][:-1]  # the last class's videos now have no name
+    with open(path, "w") as fh:
+        json.dump(manifest, fh)
+    with pytest.raises(DatasetError) as exc:
+        LmdbClipDataset(root, train=True)
+    msg = _one_line(exc)
+    assert root in msg and "label 4 outside the 4 classes" in msg
+
+
+def test_stored_label_outside_the_class_list_is_caught_on_read(raw_root, tmp_path):
+    rel, key = _shard_and_key(raw_root, 7)
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    shard = os.path.join(root, rel)
+
+    def relabel(value: bytes) -> bytes:
+        h = unpack_header(value)
+        return pack_value(codec_id=h.codec_id, shape=h.shape, label=99, clip_index=h.clip_index,
+                          start_frame=h.start_frame, video_id=h.video_id, payload=value[h.offset:])
+
+    rewrite_value(shard, key, relabel)
+    ds = LmdbClipDataset(root, train=False)
+    with pytest.raises(DatasetError) as exc:
+        ds.__getitems__([6, 7, 8])
+    msg = _one_line(exc)
+    assert shard in msg and key.decode() in msg and "label 99 outside the 5 classes" in msg
