@@ -128,7 +128,10 @@ def run_shards(out: str, plan: Plan, opts: JobOptions) -> list[dict]:
         if cluster is not None:
             cluster.close()
         return results
-    return list(Parallel(n_jobs=min(workers, len(tasks)), return_as="generator_unordered")(tasks))
+    # A supervisor only waits on its shard process's pipe, so threads are enough
+    # here: the decoding runs in the shard processes, one per core.
+    return list(Parallel(n_jobs=min(workers, len(tasks)), backend="threading",
+                         return_as="generator_unordered")(tasks))
 
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
