@@ -37,12 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="loader processes per rank (default: CPU cores / ranks on this node, at most 8)")
     g.add_argument("--crop-size", type=int, default=112, help="square crop fed to the model (default 112)")
     g.add_argument("--clip-len", type=int, default=None, help="frames per clip (default: the stored length)")
+    g.add_argument("--downsample", type=int, default=1,
+                   help="average-pool the crop spatially by this factor on the device (default 1: off; the "
+                        "CPU demo crops 128 and feeds 64x64)")
+    g.add_argument("--colour-permutation", action="store_true",
+                   help="randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
+                        "the crops); for data where colour is a nuisance, such as the synthetic demo")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
     g = p.add_argument_group("model")
     g.add_argument("--model-width", type=float, default=1.0,
                    help="multiplier on conv channels and fc width (default 1.0: the paper's C3D)")
     g.add_argument("--bn", action="store_true", help="BatchNorm3d after every convolution (off in the paper)")
+    g.add_argument("--sync-bn", action="store_true", help="with --bn under torchrun: batch statistics over all ranks")
     g.add_argument("--dropout", type=float, default=0.5, help="dropout after fc6 and fc7 (default 0.5)")
     g.add_argument("--finetune", metavar="CKPT",
                    help="start from these weights; the classifier is re-initialised when the class count differs")
@@ -111,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=int, default=10, help="optimizer steps per metrics.jsonl line (default 10)")
     g.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     g.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard events even if installed")
+    g.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for this process's math (default: PyTorch's choice; torchrun sets 1 per "
+                        "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other")
     g.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)")
     return p
@@ -137,6 +147,8 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--batch-size {args.batch_size} is not divisible by --accum-steps {args.accum_steps} "
                          f"(--batch-size is the per-process batch of one optimizer step, split into equal "
                          f"micro-batches)")
+    if args.downsample < 1 or args.crop_size % args.downsample:
+        raise TrainError(f"--crop-size {args.crop_size} must be a multiple of --downsample {args.downsample}")
     if args.epochs < 1:
         raise TrainError(f"--epochs must be at least 1, got {args.epochs}")
     if args.max_steps is not None and args.max_steps < 1:

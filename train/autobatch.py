@@ -84,27 +84,30 @@ def probe_peak(model: nn.Module, batch: int, shape: tuple[int, int, int], num_cl
 
 def find_batch_size(model: nn.Module, *, shape: tuple[int, int, int], num_classes: int, device: torch.device,
                     amp_dtype: torch.dtype | None, channels_last: bool, headroom: float = 0.9,
-                    accum_steps: int = 1, loader_bytes_per_clip: int = 0) -> tuple[int, dict]:
+                    accum_steps: int = 1) -> tuple[int, dict]:
     """(per-process batch, details) for ``--batch-size auto``; the model itself is left untouched."""
     if device.type != "cuda":
         raise TrainError("--batch-size auto needs a CUDA device (on the CPU there is no memory limit to probe; "
                          "pass a number)")
     if not 0 < headroom <= 1:
         raise TrainError(f"--auto-headroom must be in (0, 1], got {headroom}")
-    trial = copy.deepcopy(model).to(device)
+    # Probe a copy, so the real model keeps no gradients or optimizer state;
+    # the real one stays resident meanwhile, which makes the answer cautious
+    # by one model's weights.
+    holder = {"model": copy.deepcopy(model).to(device)}
     total = torch.cuda.get_device_properties(device).total_memory
-    # Leave room for what the probe does not allocate: pinned prefetch, the
-    # allocator's fragmentation and NCCL buffers.
-    capacity = int(headroom * total) - loader_bytes_per_clip
+    # The headroom covers what the probe does not allocate: pinned prefetch,
+    # the allocator's fragmentation and NCCL buffers.
+    capacity = int(headroom * total)
     cache: dict[int, int | None] = {}
 
     def peak_at(b: int) -> int | None:
         if b not in cache:
-            cache[b] = probe_peak(trial, b, shape, num_classes, device, amp_dtype, channels_last)
+            cache[b] = probe_peak(holder["model"], b, shape, num_classes, device, amp_dtype, channels_last)
         return cache[b]
 
     micro = plan_batch(peak_at, capacity)
-    del trial
+    holder.clear()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     batch = micro * accum_steps

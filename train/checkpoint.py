@@ -80,6 +80,16 @@ def save_atomic(obj: dict[str, Any], path: str) -> str:
     return path
 
 
+def remove_stale_temps(out: str) -> list[str]:
+    """Delete temporary files a killed save left behind in ``out``; returns their names."""
+    if not os.path.isdir(out):
+        return []
+    stale = [f for f in os.listdir(out) if f.startswith(f".{LATEST}.tmp.")]
+    for name in stale:
+        os.unlink(os.path.join(out, name))
+    return stale
+
+
 def load(path: str) -> dict[str, Any]:
     """A checkpoint as saved, tensors on the CPU; one-line error if it is missing or unreadable."""
     if not os.path.isfile(path):

@@ -11,26 +11,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
+from loaders import ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, to_model_input
+
 from .dist import DistInfo
 from .errors import TrainError
 
-try:  # the real readers, once they land in loaders/
-    from loaders import (ClipPreset, DistributedClipSampler, LmdbClipDataset, build_loader,  # type: ignore[attr-defined]
-                         to_model_input)
-    LOADER_API = "loaders"
-except ImportError:  # until then, a stand-in with the same contract
-    from .loader_fallback import (ClipPreset, DistributedClipSampler, LmdbClipDataset, build_loader,
-                                  to_model_input)
-    LOADER_API = "train.loader_fallback"
-
 __all__ = ["ClipPreset", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "to_model_input", "LOADER_API"]
+           "to_model_input"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -75,8 +69,9 @@ class TrainData:
     def set_position(self, position: int) -> None:
         self.sampler.set_position(position)
 
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
+    def state_dict(self, consumed: int) -> dict:
+        """``{"epoch", "position"}`` with ``consumed`` samples of this rank's epoch used (prefetch runs ahead)."""
+        return self.sampler.state_dict(consumed=consumed)
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
@@ -107,26 +102,51 @@ def make_preset(args, train: bool) -> Any:
     return ClipPreset(**kwargs)
 
 
-def _dali_builder():
-    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+def dali_installed() -> bool:
+    """Whether ``nvidia.dali`` can be imported (looked up, not imported: importing it is slow)."""
+    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+
+
+def dali_builder():
+    """``loaders.dali.build_dali_loader``, or a one-line error when DALI or the module is missing."""
+    if not dali_installed():
         raise TrainError("--loader dali needs NVIDIA DALI, which is not installed "
                          "(pip install nvidia-dali-cuda120, or use --loader lmdb)")
     try:
-        from loaders.dali import build_dali_loader  # type: ignore[import-not-found]
+        from loaders.dali import build_dali_loader
     except ImportError as exc:
         raise TrainError(f"--loader dali: loaders.dali.build_dali_loader is not available ({exc})") from exc
     return build_dali_loader
 
 
+def _dali_device(info: DistInfo) -> int | None:
+    # DALI's GPU backend on this rank's GPU; on the CPU its CPU backend (same pixels, slower).
+    return info.device.index if info.device.type == "cuda" else None
+
+
+@contextlib.contextmanager
+def _reader_errors(flag: str, root: str):
+    """The readers' ValueError / DatasetError (a crop that does not fit, a bad seed...) as one-line TrainErrors."""
+    try:
+        yield
+    except (ValueError, DatasetError) as exc:
+        raise TrainError(f"{flag} {root}: {exc}") from exc
+
+
 def build_train_data(args, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(args.data, "--data")
+    with _reader_errors("--data", root):
+        return _train_data(root, args, info)
+
+
+def _train_data(root: str, args, info: DistInfo) -> TrainData:
     preset = make_preset(args, train=True)
     if args.loader == "dali":
-        # The DALI reader shards by rank itself and must offer the same
-        # set_epoch / set_position / state_dict controls as the sampler.
-        loader = _dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=info.local_rank, seed=args.seed,
+        # The DALI reader shards by rank itself (DistributedClipSampler's order)
+        # and offers the sampler's set_epoch / set_position / state_dict.
+        loader = dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
+                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
                                  workers=args.workers)
         return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
                          int(loader.steps_per_epoch))
@@ -145,11 +165,16 @@ def build_train_data(args, info: DistInfo) -> TrainData:
 def build_eval_data(root: str, args, info: DistInfo) -> EvalData:
     """Centre-cropped clips of ``root``, split over ranks without padding."""
     check_dataset(root, "--val-data")
+    with _reader_errors("--val-data", root):
+        return _eval_data(root, args, info)
+
+
+def _eval_data(root: str, args, info: DistInfo) -> EvalData:
     preset = make_preset(args, train=False)
     batch = args.eval_batch_size or args.batch_size
     if args.loader == "dali":
-        loader = _dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=info.local_rank, seed=args.seed,
+        loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
+                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
                                  workers=args.workers)
         return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips))
     ds = LmdbClipDataset(root, train=False, preset=preset, seed=args.seed)

@@ -24,6 +24,7 @@ otherwise, and every rank must see the same ``--data`` and ``--out`` paths
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -94,6 +95,10 @@ def init_distributed(device: str = "auto", backend: str | None = None, timeout_m
 def cleanup() -> None:
     """Tear the process group down (so a test can run main() twice in one process)."""
     if dist.is_available() and dist.is_initialized():
+        # DDP's reducer sits in reference cycles; collect it while the group is
+        # alive, or gloo work it holds may be freed during interpreter shutdown,
+        # which aborts the process ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,11 +34,38 @@ class StepConfig:
     amp_dtype: torch.dtype | None  # None: no autocast
     accum_steps: int
     channels_last: bool = False
+    downsample: int = 1
+    colour_perm_seed: int | None = None  # None: off
     clip_grad_norm: float | None = None
     max_steps: int | None = None
     ckpt_every: int = 0
     log_every: int = 10
     progress: bool = False
+
+
+def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
+                downsample: int = 1) -> torch.Tensor:
+    """uint8 (N, T, H, W, C) -> normalised float (N, C, T, H, W) on ``device``, optionally pooled 2D."""
+    x = to_model_input(clips, mean=mean, std=std, device=device, channels_last=channels_last)
+    if downsample > 1:
+        # Spatial average pooling after the crop: a cheap low-resolution input for CPU demos.
+        x = nn.functional.avg_pool3d(x, (1, downsample, downsample))
+    return x
+
+
+_PERMS = torch.tensor(list(itertools.permutations(range(3))))
+
+
+def colour_permutation(x: torch.Tensor, index: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
+    """Permute the RGB channels of each clip, chosen by (seed, epoch, clip index).
+
+    For data whose colours are a nuisance (the synthetic demo: random colours
+    per video let a small model memorise videos instead of learning motion).
+    Keyed like the loader's crops, so ranks, workers and resumes see the same.
+    """
+    choice = [int(np.random.default_rng([seed, epoch, int(i), 0xC0]).integers(len(_PERMS))) for i in index.tolist()]
+    perm = _PERMS[choice].to(x.device)
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], perm]
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -75,12 +104,15 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         window["wait"] += time.perf_counter() - t0
         clips, labels = batch["clip"], batch["label"]
         optimizer.zero_grad(set_to_none=True)
-        chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps)))
-        for j, (xc, yc) in enumerate(chunks):
+        chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
+                          batch["index"].chunk(cfg.accum_steps)))
+        for j, (xc, yc, ic) in enumerate(chunks):
             last = j == len(chunks) - 1
             sync = contextlib.nullcontext() if (ddp is None or last) else ddp.no_sync()
             with sync:
-                x = to_model_input(xc, mean=data.mean, std=data.std, device=device, channels_last=cfg.channels_last)
+                x = model_input(xc, data.mean, data.std, device, cfg.channels_last, cfg.downsample)
+                if cfg.colour_perm_seed is not None:
+                    x = colour_permutation(x, ic, state.epoch, cfg.colour_perm_seed)
                 y = yc.to(device, non_blocking=True)
                 with _autocast(device, cfg.amp_dtype):
                     out = model(x)
@@ -142,7 +174,7 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: torch.dtype | None, *,
-             channels_last: bool = False, progress: bool = False) -> dict[str, Any]:
+             channels_last: bool = False, downsample: int = 1, progress: bool = False) -> dict[str, Any]:
     """Clip and video accuracy over all of ``data``, gathered from every rank.
 
     ``model`` must be the plain module, not the DDP wrapper: ranks hold
@@ -159,7 +191,7 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
 
         it = tqdm(it, desc="eval", leave=False, dynamic_ncols=True)
     for batch in it:
-        x = to_model_input(batch["clip"], mean=data.mean, std=data.std, device=device, channels_last=channels_last)
+        x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
         y = batch["label"].to(device, non_blocking=True)
         with _autocast(device, amp_dtype):
             logits = model(x)

@@ -133,6 +133,16 @@ class MetricsLog:
             if SummaryWriter is not None:
                 self.tb = SummaryWriter(os.path.join(out, "tb"))
 
+    def start(self, resumed_step: int | None) -> None:
+        """A fresh run empties the log; a resumed one drops lines from after its checkpoint (logged, then killed)."""
+        if not self.enabled:
+            return
+        keep = [] if resumed_step is None else [r for r in read_metrics(self.path) if r.get("step", 0) <= resumed_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r, default=_jsonable) + "\n" for r in keep)
+        os.replace(tmp, self.path)
+
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return

@@ -35,6 +35,23 @@ POOLS = {
 CLASSIFIER_PREFIX = "fc8."
 
 
+class Conv3d(nn.Conv3d):
+    """``nn.Conv3d`` that runs in float32 under CPU autocast when its input has exactly 2 frames.
+
+    Why: in PyTorch 2.13's CPU build, oneDNN's bfloat16 Conv3d weight gradient
+    is garbage (huge values or NaN) for inputs 2 frames deep, which is where
+    C3D's conv5a and conv5b sit with 16-frame clips (tests/test_train_model.py
+    checks the gradients against float32). Those layers are a small part of
+    the work, so this costs little; GPUs are unaffected and keep bfloat16.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.shape[2] == 2 and torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                return super().forward(x.float())
+        return super().forward(x)
+
+
 def scaled(channels: int, width: float) -> int:
     """Channels after the width multiplier (at least 1)."""
     return max(1, int(round(channels * width)))
@@ -79,7 +96,7 @@ class C3D(nn.Module):
         c_in = 3
         for name, c in zip(CONV_NAMES, CONV_CHANNELS):
             c_out = scaled(c, width)
-            layers[name] = nn.Conv3d(c_in, c_out, kernel_size=3, padding=1, bias=not bn)
+            layers[name] = Conv3d(c_in, c_out, kernel_size=3, padding=1, bias=not bn)
             if bn:
                 layers[name + "_bn"] = nn.BatchNorm3d(c_out)
             layers[name + "_relu"] = nn.ReLU(inplace=True)

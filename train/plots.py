@@ -88,14 +88,17 @@ def curves_png(rows: list[dict[str, Any]], path: str, *, backend: str = "auto") 
     if plt is not None:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, (title, series) in zip(axes, panels):
+            drawn = 0
             for kind, key, label in series:
                 xs, ys = _series(rows, kind, key)
                 if xs:
                     ax.plot(xs, ys, marker="o" if kind == "eval" else None, markersize=3, label=label)
+                    drawn += 1
             ax.set_title(title)
             ax.set_xlabel("optimizer step")
             ax.grid(alpha=0.3)
-            ax.legend()
+            if drawn:
+                ax.legend()
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)

@@ -60,7 +60,8 @@ def open_readonly(path: str) -> lmdb.Environment:
     file is refused here: LMDB maps it and would crash the process with SIGBUS
     on the first page past its end.
     """
-    key = (os.getpid(), os.path.abspath(path))
+    # The real path: a shard reached through a symlink is still one environment.
+    key = (os.getpid(), os.path.realpath(path))
     env = _READERS.get(key)
     if env is None:
         data = os.path.join(path, "data.mdb")
@@ -78,7 +79,7 @@ def open_readonly(path: str) -> lmdb.Environment:
 
 def forget_readonly(path: str) -> None:
     """Close this process's cached handle (before a shard is replaced or deleted)."""
-    env = _READERS.pop((os.getpid(), os.path.abspath(path)), None)
+    env = _READERS.pop((os.getpid(), os.path.realpath(path)), None)
     if env is not None:
         env.close()
 
@@ -224,7 +225,7 @@ class LmdbWriter(ShardWriter):
     @staticmethod
     def read_done(path: str) -> list[DoneRecord]:
         """The done records of a shard (the job's parent reads them once, then lets go)."""
-        cached = (os.getpid(), os.path.abspath(path)) in _READERS
+        cached = (os.getpid(), os.path.realpath(path)) in _READERS
         env = open_readonly(path)
         try:
             with env.begin() as txn:

@@ -1,0 +1,226 @@
+"""Training runs on a tiny converted dataset: exact resume, accumulation, DDP equivalence, AMP, errors.
+
+Every run uses C3D at width 1/16 on 32x32 crops of 40x52 frames, one math
+thread per process (steady timings on a busy 2-core machine), SGD where
+results are compared across different summation orders (its update is linear
+in the gradient, so float rounding differences stay at rounding size), and no
+dropout there (ranks and micro-batches draw different masks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train.data
+
+from train import checkpoint as ckpt_io
+from train.main import main, run_argv
+from train.synthdata import converted_split
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> str:
+    """40 clips (20 videos x 2) of 16 x 40 x 52, five classes."""
+    base = tmp_path_factory.getbasetemp() / "train_tiny"
+    path = converted_split(str(base), "train", per_class=4, seconds=2.0, seed=7, size=(40, 52), max_clips=2,
+                           workers=2)
+    with open(os.path.join(path, "manifest.json")) as f:
+        clips = sum(s["clips"] for s in json.load(f)["shards"])
+    if clips != 40:
+        raise RuntimeError(f"tiny dataset has {clips} clips, the tests assume 40")
+    return path
+
+
+def common(data: str, out) -> list[str]:
+    return ["--data", data, "--out", str(out), "--model-width", "0.0625", "--crop-size", "32", "--workers", "0",
+            "--threads", "1", "--no-progress", "--no-tensorboard", "--log-every", "1", "--device", "cpu"]
+
+
+def final_state(out) -> dict:
+    return ckpt_io.load(ckpt_io.latest_path(str(out)))
+
+
+def assert_states_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):
+    """Run A: 10 steps straight. Run B: stop at step 3 (mid-epoch), resume to 10 with a loader worker."""
+    args = ["--epochs", "2", "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--schedule", "cosine",
+            "--warmup-steps", "2", "--val-data", tiny_data]  # dropout 0.5 stays on: its RNG must be restored
+    a = run_argv(common(tiny_data, tmp_path / "a") + args)
+    assert a["step"] == 10 and a["eval"]["clips"] == 40
+    run_argv(common(tiny_data, tmp_path / "b") + args + ["--max-steps", "3"])
+    mid = final_state(tmp_path / "b")
+    assert (mid["step"], mid["epoch"], mid["epoch_step"]) == (3, 0, 3)
+    assert mid["sampler"] == {"epoch": 0, "position": 24}  # 3 batches of 8 used in epoch 0
+    b = run_argv(common(tiny_data, tmp_path / "b") + args + ["--resume"] + ["--workers", "1"])
+    assert b["step"] == 10
+    sa, sb = final_state(tmp_path / "a"), final_state(tmp_path / "b")
+    assert_states_equal(sa["model"], sb["model"])
+    for pa, pb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values()):
+        assert_states_equal(pa, pb)
+    assert sa["scheduler"]["last_epoch"] == sb["scheduler"]["last_epoch"] == 10
+
+
+def test_resume_after_kill_9_is_bit_identical(tiny_data, tmp_path):
+    """kill -9 at whatever step (even mid-write: the rename is atomic), resume, end where an unbroken run ends."""
+    args = ["--epochs", "2", "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--ckpt-every", "1"]
+    run_argv(common(tiny_data, tmp_path / "a") + args)
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "train", *common(tiny_data, tmp_path / "b"), *args,
+                             "--workers", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    latest = ckpt_io.latest_path(str(tmp_path / "b"))
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(latest) and ckpt_io.load(latest)["step"] >= 3:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed_at = ckpt_io.load(latest)["step"]
+    assert 3 <= killed_at <= 10
+    run_argv(common(tiny_data, tmp_path / "b") + args + ["--resume"])
+    assert_states_equal(final_state(tmp_path / "a")["model"], final_state(tmp_path / "b")["model"])
+    assert not [f for f in os.listdir(tmp_path / "b") if ".tmp." in f]
+
+
+def test_accumulation_equals_one_big_batch(tiny_data, tmp_path):
+    """2 micro-batches of 4 give the weights of 1 batch of 8 (tolerance: float32 summation order only)."""
+    args = ["--epochs", "1", "--max-steps", "4", "--batch-size", "8", "--optimizer", "sgd", "--lr", "0.05",
+            "--dropout", "0"]
+    run_argv(common(tiny_data, tmp_path / "one") + args)
+    run_argv(common(tiny_data, tmp_path / "two") + args + ["--accum-steps", "2"])
+    a, b = final_state(tmp_path / "one")["model"], final_state(tmp_path / "two")["model"]
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst < 1e-6, worst
+    assert any(not torch.equal(a[k], b[k]) for k in a) or worst == 0.0
+
+
+def test_ddp_two_processes_match_one_process_with_double_batch(tiny_data, tmp_path):
+    """torchrun x2 (gloo) at batch 20 each == one process at batch 40, after 3 steps.
+
+    One step per epoch (40 clips): both runs see every clip each step, so the
+    test holds however the sampler splits clips over ranks. DDP averages the
+    ranks' gradients, which equals the big batch's mean gradient up to float32
+    summation order (atol 1e-6 on weights of size ~0.1).
+    """
+    args = ["--epochs", "3", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--dropout", "0",
+            "--eval-every", "0"]
+    run_argv(common(tiny_data, tmp_path / "single") + args + ["--batch-size", "40"])
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "train",
+           *common(tiny_data, tmp_path / "ddp"), *args, "--batch-size", "20"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "2 process(es)" in proc.stdout
+    single, ddp = final_state(tmp_path / "single"), final_state(tmp_path / "ddp")
+    assert ddp["world_size"] == 2 and ddp["step"] == single["step"] == 3
+    assert len(ddp["rng"]) == 2  # each rank's RNG is kept
+    worst = max(float((single["model"][k] - ddp["model"][k]).abs().max()) for k in single["model"])
+    assert worst < 1e-6, worst
+
+
+def test_dali_loader_trains_like_lmdb(tiny_data, tmp_path):
+    """--loader dali (DALI's CPU backend here) cuts the same crops in the same order: identical weights."""
+    pytest.importorskip("nvidia.dali")
+    args = ["--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--optimizer", "sgd", "--lr", "0.05",
+            "--val-data", tiny_data]
+    a = run_argv(common(tiny_data, tmp_path / "lmdb") + args)
+    b = run_argv(common(tiny_data, tmp_path / "dali") + args + ["--loader", "dali"])
+    assert_states_equal(final_state(tmp_path / "lmdb")["model"], final_state(tmp_path / "dali")["model"])
+    assert a["eval"]["clip_top1"] == b["eval"]["clip_top1"] and b["eval"]["clips"] == 40
+
+
+def test_bf16_amp_run_learns_on_cpu(tiny_data, tmp_path):
+    """bf16 autocast on the CPU; the tiny training set (colours differ per video) is learnable."""
+    s = run_argv(common(tiny_data, tmp_path / "bf16") + ["--amp", "bf16", "--epochs", "6", "--batch-size", "8",
+                                                       "--optimizer", "adamw", "--lr", "1e-3", "--dropout", "0",
+                                                       "--no-lr-scaling", "--schedule", "constant", "--bn"])
+    rows = [json.loads(line) for line in open(tmp_path / "bf16" / "metrics.jsonl")]
+    losses = [r["loss"] for r in rows if r["kind"] == "train"]
+    assert len(losses) == 30
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, (first, last)  # about 0.7 seen here
+    assert s["clips_per_s"] > 0 and 0 <= s["data_wait_frac"] <= 1 and s["peak_mem_mb"] > 0
+    assert os.path.exists(s["curves"])
+
+
+def test_finetune_from_checkpoint(tiny_data, tmp_path):
+    run_argv(common(tiny_data, tmp_path / "src") + ["--epochs", "1", "--max-steps", "1", "--batch-size", "8"])
+    src = final_state(tmp_path / "src")["model"]
+    run_argv(common(tiny_data, tmp_path / "ft") + ["--epochs", "1", "--max-steps", "1", "--batch-size", "8",
+                                                 "--lr", "0", "--finetune", ckpt_io.latest_path(str(tmp_path / "src"))])
+    ft = final_state(tmp_path / "ft")["model"]
+    assert torch.equal(ft["features.conv1.weight"], src["features.conv1.weight"])
+
+
+def _write_two_class_checkpoint(out) -> None:
+    os.makedirs(out, exist_ok=True)
+    ckpt_io.save_atomic({"model": {}, "classes": ["x", "y"]}, ckpt_io.latest_path(str(out)))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-size", "10", "--accum-steps", "3"], "--batch-size 10 is not divisible by --accum-steps 3"),
+    (["--amp", "fp16"], "--amp fp16 needs CUDA"),
+    (["--channels-last"], "--channels-last needs CUDA"),
+    (["--dist-backend", "nccl"], "nccl needs CUDA"),
+    (["--batch-size", "auto"], "--batch-size auto needs a CUDA device"),
+    (["--loader", "dali"], "--loader dali needs NVIDIA DALI"),
+    (["--finetune", "/nonexistent/c.pt"], "--finetune /nonexistent/c.pt: no such file"),
+    (["--resume"], "trained on 2 classes, --data has 5"),
+    (["--data", "/nonexistent/clips"], "manifest.json missing"),
+])
+def test_setup_errors_are_one_line(tiny_data, tmp_path, capsys, monkeypatch, extra, message):
+    if "--resume" in extra:
+        _write_two_class_checkpoint(tmp_path / "run")
+    if "--loader" in extra:
+        monkeypatch.setattr(train.data, "dali_installed", lambda: False)  # as on a machine without DALI
+    code = main(common(tiny_data, tmp_path / "run") + ["--max-steps", "1", "--batch-size", "8"] + extra)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("train: error: ") and "\n" not in err
+    assert message in err
+
+
+def test_device_check_smoke(tiny_data, tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "device_check.py"), "--smoke",
+                           "--data", tiny_data, "--work", str(tmp_path / "dc")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "clips/s" in proc.stdout and "MFU" in proc.stdout
+    assert "lmdb" in proc.stdout and "bf16" in proc.stdout
+
+
+def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
+    """The demo's path (find the converted splits, train, report) with tiny overrides; the full demo takes ~2 min."""
+    from train.demo import demo, report
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    for split in ("train", "val"):  # copies: LMDB refuses one file opened under two paths in a process
+        shutil.copytree(tiny_data, out / f"clips_{split}")
+    summary = demo(str(out), workers=0, threads=1,
+                   extra=["--model-width", "0.0625", "--crop-size", "32", "--epochs", "1", "--eval-every", "1",
+                          "--no-progress", "--no-tensorboard"])
+    report(summary)
+    text = capsys.readouterr().out
+    assert "using the converted synthetic dataset" in text
+    assert "validation: clip top-1" in text and "confusion matrix:" in text
+    assert os.path.exists(summary["checkpoint"]) and os.path.exists(summary["eval_files"]["confusion_png"])
+    assert summary["eval"]["clips"] == 40

@@ -1,0 +1,157 @@
+"""The trainer's parts without a training run: schedule, checkpoints, evaluation maths, plots, batch planning."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from train import TrainError
+from train import checkpoint as ckpt_io
+from train.autobatch import find_batch_size, plan_batch
+from train.metrics import EvalAccumulator, merge_eval
+from train.plots import confusion_png, curves_png
+from train.schedule import build_optimizer, build_scheduler, effective_lr, lr_factor
+
+
+def test_step_schedule_is_the_papers():
+    # 0.003 per 30 clips, /10 every 4 epochs; 10 steps per epoch.
+    assert effective_lr(0.003, 30, 30, True) == pytest.approx(0.003)
+    assert effective_lr(0.003, 240, 30, True) == pytest.approx(0.024)
+    assert effective_lr(0.003, 240, 30, False) == pytest.approx(0.003)
+    kw = dict(schedule="step", steps_per_epoch=10, total_steps=160, warmup_steps=0, step_epochs=4, gamma=0.1)
+    assert lr_factor(0, **kw) == 1.0 and lr_factor(39, **kw) == 1.0
+    assert lr_factor(40, **kw) == pytest.approx(0.1)
+    assert lr_factor(80, **kw) == pytest.approx(0.01)
+    assert lr_factor(159, **kw) == pytest.approx(0.001)
+
+
+def test_warmup_and_cosine():
+    kw = dict(schedule="cosine", steps_per_epoch=10, total_steps=100, warmup_steps=10, step_epochs=4, gamma=0.1)
+    assert lr_factor(0, **kw) == pytest.approx(0.1)
+    assert lr_factor(9, **kw) == pytest.approx(1.0)
+    assert lr_factor(55, **kw) == pytest.approx(0.5)
+    assert lr_factor(100, **kw) == pytest.approx(0.0)
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, "sgd", 0.1, 0.9, 1e-4)
+    assert [g["weight_decay"] for g in opt.param_groups] == [1e-4, 0.0]  # no decay on the bias
+    sched = build_scheduler(opt, schedule="cosine", steps_per_epoch=10, epochs=10, warmup_steps=10, step_epochs=4,
+                            gamma=0.1)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+    for _ in range(9):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def test_checkpoint_is_atomic_and_loads_weights_only(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    rng = ckpt_io.rng_state()
+    expected = (random.random(), float(np.random.rand()), torch.rand(3))
+    ckpt_io.save_atomic({"model": {"w": torch.ones(2)}, "rng": [rng], "step": 5, "classes": ["a", "b"]}, path)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]  # no temporary file left behind
+    loaded = ckpt_io.load(path)  # weights_only=True inside
+    assert loaded["step"] == 5
+    ckpt_io.set_rng_state(loaded["rng"][0])
+    again = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert again[:2] == expected[:2] and torch.equal(again[2], expected[2])
+    ckpt_io.check_classes(loaded, ["a", "b"], path)
+    with pytest.raises(TrainError, match="trained on 2 classes, --data has 3"):
+        ckpt_io.check_classes(loaded, ["a", "b", "c"], path)
+    with pytest.raises(TrainError, match="not found"):
+        ckpt_io.load(str(tmp_path / "nope.pt"))
+    (tmp_path / ".checkpoint.pt.tmp.1234").write_bytes(b"half a checkpoint")  # left by a kill -9 mid-save
+    assert ckpt_io.remove_stale_temps(str(tmp_path)) == [".checkpoint.pt.tmp.1234"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]
+
+
+class _Thing:
+    pass
+
+
+def test_checkpoint_with_objects_is_refused(tmp_path):
+    path = str(tmp_path / "bad.pt")
+    torch.save({"model": {}, "thing": _Thing()}, path)
+    with pytest.raises(TrainError, match="weights_only"):
+        ckpt_io.load(path)
+
+
+def test_eval_merge_video_level_across_ranks():
+    classes = ["a", "b", "c"]
+    # Video v0 (label 0): clip 1 says class 1 strongly-ish, clips 2-3 say class 0; the clips sit on two ranks.
+    r0, r1 = EvalAccumulator(3), EvalAccumulator(3)
+    r0.add(torch.tensor([[0.0, 3.0, 0.0], [0.0, 0.0, 5.0]]), torch.tensor([0, 2]), ["v0", "v1"], 1.0)
+    r1.add(torch.tensor([[2.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), torch.tensor([0, 0, 1]),
+           ["v0", "v0", "v2"], 2.0)
+    res = merge_eval([r0.state(), r1.state()], classes)
+    assert res["clips"] == 5 and res["videos"] == 3
+    assert res["clip_top1"] == pytest.approx(4 / 5)
+    assert res["clip_top5"] == 1.0
+    assert res["video_top1"] == 1.0  # v0's softmax average favours class 0
+    assert res["loss"] == pytest.approx(3.0 / 5)
+    assert res["confusion"] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert res["per_class"]["a"] == {"clip_acc": pytest.approx(2 / 3), "video_acc": 1.0, "clips": 3, "videos": 1}
+    # Logit averaging can disagree with softmax averaging: check it is computed separately.
+    r = EvalAccumulator(2)
+    r.add(torch.tensor([[10.0, 0.0], [0.0, 2.0], [0.0, 2.0], [0.0, 2.0]]), torch.tensor([1, 1, 1, 1]), ["v"] * 4, 0.0)
+    res = merge_eval([r.state()], ["x", "y"])
+    assert res["video_top1_logits"] == 0.0 and res["video_top1"] == 1.0
+
+
+@pytest.mark.parametrize("backend", ["pillow", "matplotlib"])
+def test_figures(tmp_path, backend):
+    if backend == "matplotlib":
+        pytest.importorskip("matplotlib")
+    cm = [[3, 1], [0, 4]]
+    p = confusion_png(cm, ["up", "down"], str(tmp_path / "cm.png"), backend=backend)
+    rows = [{"kind": "train", "step": s, "loss": 2.0 / s} for s in range(1, 20)]
+    rows += [{"kind": "eval", "step": s, "clip_top1": s / 20, "video_top1": s / 19, "loss": 1.0} for s in (5, 10, 19)]
+    q = curves_png(rows, str(tmp_path / "curves.png"), backend=backend)
+    for path in (p, q):
+        with Image.open(path) as im:
+            assert im.format == "PNG" and im.size[0] > 100
+
+
+def test_plan_batch_with_a_memory_model():
+    base, per_clip, cap = 1000, 37, 10_000  # bytes: fixed + linear; real OOM beyond 11_000
+    calls = []
+
+    def peak(b):
+        calls.append(b)
+        used = base + per_clip * b
+        return None if used > 11_000 else used
+
+    best = plan_batch(peak, cap)
+    assert best == (cap - base) // per_clip == 243
+    assert len(calls) <= 6
+    assert plan_batch(lambda b: None if b > 1 else 10, 100) == 1
+    with pytest.raises(TrainError, match="not even one clip"):
+        plan_batch(lambda b: None, 100)
+
+
+def test_auto_batch_needs_cuda():
+    with pytest.raises(TrainError, match="needs a CUDA device"):
+        find_batch_size(torch.nn.Linear(1, 1), shape=(16, 112, 112), num_classes=2, device=torch.device("cpu"),
+                        amp_dtype=None, channels_last=False)
+
+
+def test_colour_permutation_is_keyed_by_clip_not_batch():
+    from train.engine import colour_permutation
+
+    x = torch.arange(3.0).view(1, 3, 1, 1, 1).expand(6, 3, 2, 2, 2).contiguous()
+    idx = torch.tensor([3, 8, 1, 4, 7, 2])
+    whole = colour_permutation(x, idx, epoch=2, seed=0)
+    halves = torch.cat([colour_permutation(x[:3], idx[:3], epoch=2, seed=0),
+                        colour_permutation(x[3:], idx[3:], epoch=2, seed=0)])
+    assert torch.equal(whole, halves)  # the same clip gets the same colours however batches are cut
+    for clip in whole:
+        assert sorted(clip[:, 0, 0, 0].tolist()) == [0.0, 1.0, 2.0]  # a permutation, nothing lost
+    seen = {tuple(c[:, 0, 0, 0].tolist()) for e in range(4) for c in colour_permutation(x, idx, epoch=e, seed=0)}
+    assert len(seen) > 1
