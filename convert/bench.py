@@ -77,7 +77,7 @@ def _parallel(fn, paths: list[str], workers: int, size: tuple[int, int]) -> tupl
 def _convert(tree: str, out: str, workers: int, codec: str) -> tuple[int, float]:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    run_job(tree, out, ConvertConfig(codec=codec), JobOptions(workers=workers, shards=workers, progress=False))
+    run_job(tree, out, ConvertConfig(codec=codec), JobOptions(workers=workers, progress=False))
     elapsed = time.perf_counter() - t0
     from .writers import WRITERS
 
@@ -85,6 +85,26 @@ def _convert(tree: str, out: str, workers: int, codec: str) -> tuple[int, float]
     for name in sorted(os.listdir(os.path.join(out, "shards"))):
         frames += sum(r.frames for r in WRITERS["lmdb"].read_done(os.path.join(out, "shards", name)))
     return frames, elapsed
+
+
+def write_speed(folder: str, mib: int = 512) -> float:
+    """MB/s of writing new data into a fresh file here: the page-cache cost every writer pays."""
+    block = os.urandom(1 << 20)
+    path = os.path.join(folder, "write-speed.tmp")
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        for _ in range(mib):
+            fh.write(block)
+    elapsed = time.perf_counter() - t0
+    os.remove(path)
+    return mib * (1 << 20) / elapsed / 1e6
+
+
+def _stored_mb(out: str) -> float:
+    import json
+
+    with open(os.path.join(out, "manifest.json")) as fh:
+        return json.load(fh)["totals"]["value_bytes"] / 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"|{'-' * 44}|{'-' * 11}|{'-' * 16}|")
         for name, fps in best.items():
             print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} |")
+        speed = write_speed(scratch)
+        for codec in ("raw", "lz4"):
+            mb = _stored_mb(os.path.join(scratch, codec))
+            print(f"\n{codec}: {mb:.0f} MB stored; at this machine's {speed:.0f} MB/s for fresh writes that alone "
+                  f"is {mb / speed / args.workers:.2f} s per process, vs {frames / base:.2f} s of decoding", end="")
+        print()
         return 0
     finally:
         if args.tmp is None:

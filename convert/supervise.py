@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
 from .plan import load_plan, write_json_atomic
 
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+               "MALLOC_TOP_PAD_": str(64 << 20)}
 _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -50,6 +52,12 @@ class _Child:
         os.makedirs(os.path.join(out, LOG_DIR), exist_ok=True)
         log = open(os.path.join(out, LOG_DIR, shard_name(index) + ".log"), "ab")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])))
+        # Every clip allocates a few MB (frames, the value, LMDB's overflow
+        # pages) and frees them again. glibc would hand such blocks back to the
+        # kernel each time and fault fresh zeroed pages in for the next clip;
+        # keeping them in the heap measured about 6% more conversion throughput.
+        for name, value in _MALLOC_ENV.items():
+            env.setdefault(name, value)
         args = {"threads": opts.threads, "map_size": opts.map_size, "compact": opts.compact,
                 "max_memory": opts.max_memory}
         self.proc = subprocess.Popen(

@@ -111,8 +111,13 @@ class LmdbWriter(ShardWriter):
         # whole (the page cache holds it) and an uncommitted one is absent; only
         # a machine crash could lose recent videos, which a rerun redoes. The
         # shard is synced once, when it is finished.
+        # writemap: LMDB writes values straight into the file mapping instead of
+        # malloc'd pages it then copies out at commit; with two shard processes
+        # per two cores this measured 15% faster. The file's apparent size is
+        # the map size while writing; finish() trims it to the data.
         self.env = lmdb.open(path, map_size=max(map_size or 64 << 20, MIN_MAP_SIZE), subdir=True,
-                             readahead=False, meminit=False, max_dbs=0, sync=False, metasync=False)
+                             readahead=False, meminit=False, max_dbs=0, sync=False, metasync=False,
+                             writemap=True)
         self.growths = 0
         with self.env.begin(write=True) as txn:
             meta = txn.get(SHARD_KEY)
@@ -205,7 +210,20 @@ class LmdbWriter(ShardWriter):
             self.env.sync(True)
         if compact:
             self.compact()
+        else:
+            self._trim()
         return summary
+
+    def _trim(self) -> None:
+        """Cut the file (as long as the map under writemap) to the pages in use."""
+        used = used_bytes(self.env)
+        self.env.sync(True)
+        self.env.close()
+        data = os.path.join(self.path, "data.mdb")
+        if os.path.getsize(data) > used:
+            os.truncate(data, used)
+        self.env = lmdb.open(self.path, map_size=used, subdir=True, readonly=True, lock=False,
+                             readahead=False, max_dbs=0)
 
     def compact(self) -> None:
         """Rewrite the environment without free pages so disk use matches the data."""
