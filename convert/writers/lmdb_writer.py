@@ -48,6 +48,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_inherited)
 
 
+_REAL: dict[str, str] = {}
+
+
+def _real(path: str) -> str:
+    """realpath, remembered: readers ask for a handle on every batch."""
+    real = _REAL.get(path)
+    if real is None:
+        real = _REAL[path] = os.path.realpath(path)
+    return real
+
+
 class ShardTruncated(OSError):
     """A data file shorter than its own meta page says (reading on would SIGBUS)."""
 
@@ -61,7 +72,7 @@ def open_readonly(path: str) -> lmdb.Environment:
     on the first page past its end.
     """
     # The real path: a shard reached through a symlink is still one environment.
-    key = (os.getpid(), os.path.realpath(path))
+    key = (os.getpid(), _real(path))
     env = _READERS.get(key)
     if env is None:
         data = os.path.join(path, "data.mdb")
@@ -79,7 +90,7 @@ def open_readonly(path: str) -> lmdb.Environment:
 
 def forget_readonly(path: str) -> None:
     """Close this process's cached handle (before a shard is replaced or deleted)."""
-    env = _READERS.pop((os.getpid(), os.path.realpath(path)), None)
+    env = _READERS.pop((os.getpid(), _real(path)), None)
     if env is not None:
         env.close()
 
@@ -243,7 +254,7 @@ class LmdbWriter(ShardWriter):
     @staticmethod
     def read_done(path: str) -> list[DoneRecord]:
         """The done records of a shard (the job's parent reads them once, then lets go)."""
-        cached = (os.getpid(), os.path.realpath(path)) in _READERS
+        cached = (os.getpid(), _real(path)) in _READERS
         env = open_readonly(path)
         try:
             with env.begin() as txn:
