@@ -40,7 +40,6 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
     raise ImportError(f"loaders.dali needs NVIDIA DALI: pip install nvidia-dali-cuda120 ({_exc})") from None
 
 import gc
-import operator
 import os
 from typing import Any, Iterator, Sequence
 
@@ -52,7 +51,7 @@ from convert.format import FormatError, check_crc, unpack_header
 
 from .clipstore import ClipStore, DatasetError, open_clips
 from .presets import ClipPreset
-from .sampler import DistributedClipSampler
+from .sampler import DistributedClipSampler, EpochPosition
 
 START_METHODS = ("fork", "spawn")
 _FORMAT_ERROR_PREFIX = f"{FormatError.__module__}.{FormatError.__qualname__}: "
@@ -261,7 +260,7 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-class DaliClipLoader:
+class DaliClipLoader(EpochPosition):
     """Batches of a conversion's clips from a DALI pipeline, in ``DistributedClipSampler`` order.
 
     Yields ``{"clip", "label", "video_id", "clip_index", "index"}``: ``clip``
@@ -376,38 +375,6 @@ class DaliClipLoader:
 
     def __len__(self) -> int:
         return self.steps_per_epoch
-
-    # -- sampler-like state ---------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; moving to another epoch restarts at position 0."""
-        epoch = operator.index(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self.epoch:
-            self.position = 0
-        self.epoch = epoch
-
-    def set_position(self, position: int) -> None:
-        """Start this epoch's iteration at this rank's ``position``-th sample (0..num_samples)."""
-        position = operator.index(position)
-        if not 0 <= position <= self.num_samples:
-            raise ValueError(f"position must be in 0..{self.num_samples}, got {position}")
-        self.position = position
-
-    def state_dict(self, consumed: int | None = None) -> dict:
-        """``{"epoch", "position"}``; ``consumed``: samples this rank used this epoch (default: the position set)."""
-        position = self.position if consumed is None else operator.index(consumed)
-        return {"epoch": self.epoch, "position": position}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``: the epoch and the position inside it."""
-        if "epoch" not in state or "position" not in state:
-            raise ValueError(f"loader state needs keys epoch and position, got {sorted(state)}")
-        epoch = int(state["epoch"])
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = epoch
-        self.set_position(int(state["position"]))
 
     def indices(self, epoch: int | None = None, position: int | None = None) -> np.ndarray:
         """The clip indices an iteration of ``epoch`` from ``position`` yields, in order (no padding)."""

@@ -25,7 +25,51 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
-class DistributedClipSampler(Sampler):
+class EpochPosition:
+    """Where a reader stands: the epoch and this rank's position inside it.
+
+    Shared by the sampler and the DALI loader, which must offer the trainer
+    the same controls. Subclasses set ``epoch``, ``position`` and
+    ``num_samples`` (this rank's samples per epoch).
+    """
+
+    epoch: int
+    position: int
+    num_samples: int
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; moving to another epoch restarts at position 0."""
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self.position = 0
+        self.epoch = epoch
+
+    def set_position(self, position: int) -> None:
+        """Start this epoch's iteration at this rank's ``position``-th sample (0..num_samples)."""
+        position = operator.index(position)
+        if not 0 <= position <= self.num_samples:
+            raise ValueError(f"position must be in 0..{self.num_samples}, got {position}")
+        self.position = position
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """``{"epoch", "position"}``; ``consumed``: samples this rank has used this epoch (default: the position set)."""
+        position = self.position if consumed is None else operator.index(consumed)
+        return {"epoch": self.epoch, "position": position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``: the epoch and the position inside it."""
+        if "epoch" not in state or "position" not in state:
+            raise ValueError(f"state needs keys epoch and position, got {sorted(state)}")
+        epoch = int(state["epoch"])
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self.set_position(int(state["position"]))
+
+
+class DistributedClipSampler(Sampler, EpochPosition):
     """Indices for one rank: shuffled per epoch from (seed, epoch), resumable at a position.
 
     ``n_or_labels``: the dataset size, or the label of every item (needed for
@@ -82,38 +126,6 @@ class DistributedClipSampler(Sampler):
         else:
             self.num_samples = math.ceil(self.epoch_size / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
-
-    # -- state ----------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; moving to another epoch restarts at position 0."""
-        epoch = operator.index(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self.epoch:
-            self.position = 0
-        self.epoch = epoch
-
-    def set_position(self, position: int) -> None:
-        """Start this epoch's iteration at this rank's ``position``-th sample (0..len)."""
-        position = operator.index(position)
-        if not 0 <= position <= self.num_samples:
-            raise ValueError(f"position must be in 0..{self.num_samples}, got {position}")
-        self.position = position
-
-    def state_dict(self, consumed: int | None = None) -> dict:
-        """``{"epoch", "position"}``; ``consumed``: samples this rank has used this epoch (default: the position set)."""
-        position = self.position if consumed is None else operator.index(consumed)
-        return {"epoch": self.epoch, "position": position}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``: the epoch and the position inside it."""
-        if "epoch" not in state or "position" not in state:
-            raise ValueError(f"sampler state needs keys epoch and position, got {sorted(state)}")
-        epoch = int(state["epoch"])
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = epoch
-        self.set_position(int(state["position"]))
 
     # -- order ----------------------------------------------------------------
     def global_order(self, epoch: int | None = None) -> np.ndarray:
