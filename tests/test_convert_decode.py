@@ -114,3 +114,27 @@ def test_frame_spec_validation_lists_the_rule():
         FrameSpec(size=(128, 171), short_side=128)
     with pytest.raises(ValueError, match="fps must be"):
         FrameSpec(fps=0)
+
+
+def test_first_video_stream_is_the_one_decoded(tmp_path):
+    # Two video streams in one file: red frames first, then blue; the first wins.
+    import av
+
+    path = str(tmp_path / "two.mkv")
+    with av.open(path, "w") as out:
+        streams = []
+        for _ in range(2):
+            s = out.add_stream("libx264", rate=25)
+            s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+            streams.append(s)
+        for colour, stream in zip(((220, 20, 20), (20, 20, 220)), streams):
+            frame = np.zeros((48, 64, 3), np.uint8) + np.array(colour, np.uint8)
+            for _ in range(20):
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+    frames, damage = decode_all(path, FrameSpec(size=(48, 64)))
+    assert damage is None and len(frames) == 20
+    r, g, b = frames.reshape(-1, 3).mean(0)
+    assert r > 180 and b < 60
