@@ -26,7 +26,7 @@ just keeps reading, with prefetching running across the epoch boundary; a
 jump elsewhere (resume, an abandoned epoch) builds a fresh pipeline.
 
 Run ``python -m loaders.dali [ROOT]`` on a machine with a GPU for the
-device check (``gpu_self_check``).
+device check (``loaders.dali_check``).
 """
 
 from __future__ import annotations
@@ -46,154 +46,17 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from convert.codecs import Lz4Codec, codec_for_id
-from convert.format import FormatError, check_crc, unpack_header
+from convert.format import FormatError
 
 from .clipstore import ClipStore, DatasetError, open_clips
+from .dali_source import _ClipSource, _Order, _Stream
 from .presets import ClipPreset
-from .sampler import DistributedClipSampler, EpochPosition
+from .sampler import EpochPosition
 
 START_METHODS = ("fork", "spawn")
 _FORMAT_ERROR_PREFIX = f"{FormatError.__module__}.{FormatError.__qualname__}: "
 
 __all__ = ["DaliClipLoader", "build_dali_loader", "gpu_self_check"]
-
-
-class _Order:
-    """This rank's clips per epoch and how they are cut into batches.
-
-    Training: ``DistributedClipSampler(n, shuffle=True, drop_last=True)``'s
-    share. Evaluation: the sampler's (unshuffled) share without the wrapped
-    padding it adds when ranks do not divide the clip count, so the ranks
-    together hold every clip exactly once (train.data's ``RankSplit`` order).
-    A short final batch is padded with its last clip and trimmed after DALI,
-    whose batches have one size.
-    """
-
-    def __init__(self, n: int, *, world: int, rank: int, seed: int, train: bool, batch_size: int,
-                 drop_last: bool) -> None:
-        self.sampler = DistributedClipSampler(n, num_replicas=world, rank=rank, shuffle=train, seed=seed,
-                                              drop_last=train, with_epoch=False)
-        self.train = train
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.share_size = self.sampler.num_samples if train else len(range(rank, n, world))
-        self._cache: dict[int, np.ndarray] = {}
-
-    def share(self, epoch: int) -> np.ndarray:
-        """This rank's clip indices for ``epoch``, from its first sample."""
-        key = epoch if self.train else 0  # evaluation order does not depend on the epoch
-        got = self._cache.get(key)
-        if got is None:
-            if len(self._cache) >= 2:  # workers move forward an epoch at a time: keep this one and the last
-                self._cache.pop(next(iter(self._cache)))
-            got = self._cache[key] = self.sampler.indices(key)[:self.share_size]
-        return got
-
-    def batches(self, position: int) -> int:
-        """Batches of an epoch started at ``position``."""
-        left = self.share_size - position
-        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
-
-    def valid(self, position: int, batch: int) -> int:
-        """Real (not padding) samples in batch ``batch`` of an epoch started at ``position``."""
-        return max(0, min(self.batch_size, self.share_size - position - batch * self.batch_size))
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_cache"] = {}  # rebuilt per worker; a shuffled epoch order can be large
-        return state
-
-
-class _Stream:
-    """The samples one pipeline reads: ``epoch`` from ``position``, then every later epoch from its start."""
-
-    def __init__(self, order: _Order, epoch: int, position: int) -> None:
-        self.order = order
-        self.epoch = epoch
-        self.position = position
-        self.first = order.batches(position)  # batches of the first segment
-        self.every = order.batches(0)  # batches of each later one
-
-    def segment(self, k: int) -> tuple[int, int]:
-        """(epoch, start position) of the stream's ``k``-th epoch."""
-        return self.epoch + k, self.position if k == 0 else 0
-
-    def segment_at(self, batch: int) -> int | None:
-        """Which segment starts at stream batch ``batch`` (None: ``batch`` is inside one)."""
-        if batch == 0:
-            return 0
-        rest = batch - self.first
-        if rest < 0 or self.every == 0 or rest % self.every:
-            return None
-        return 1 + rest // self.every
-
-    def locate(self, sample: int) -> tuple[int, int]:
-        """(epoch, clip index) of stream sample ``sample``; padding repeats a batch's last real clip."""
-        bs = self.order.batch_size
-        batch, j = divmod(sample, bs)
-        if batch < self.first:
-            k, b = 0, batch
-        else:
-            if self.every == 0:
-                raise IndexError(f"stream sample {sample} is past the only epoch")
-            k, b = 1 + (batch - self.first) // self.every, (batch - self.first) % self.every
-        epoch, position = self.segment(k)
-        j = min(j, self.order.valid(position, b) - 1)
-        return epoch, int(self.order.share(epoch)[position + b * bs + j])
-
-
-class _ClipSource:
-    """``external_source`` callback: one stored clip and its crop for a ``SampleInfo``.
-
-    Returns (data, anchor (t0, y0, x0), size (t, h, w), flip, label, index)
-    and, when ``inflate``, the stored shape (T, H, W, C). ``data`` is then
-    the 1-D LZ4 payload (the GPU decompresses it), else the decoded
-    (T, H, W, C) frames (raw payloads are not copied here: DALI copies them
-    once).
-    Stateless apart from caches, as parallel sources must be.
-    """
-
-    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, inflate: bool,
-                 verify: bool) -> None:
-        self.store = store
-        self.preset = preset
-        self.stream = stream
-        self.inflate = inflate
-        self.verify = verify
-        self.num_classes = len(store.classes)
-
-    def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
-        epoch, index = self.stream.locate(int(info.idx_in_epoch))
-        (value,) = self.store.read_values([index])
-        try:
-            return self._sample(value, epoch, index)
-        except FormatError as exc:
-            shard, key = self.store.key(index)
-            raise DatasetError(f"{self.store.shard_paths[shard]}: {key.decode(errors='replace')}: {exc}") from exc
-
-    def _sample(self, value: bytes, epoch: int, index: int) -> tuple[np.ndarray, ...]:
-        header = unpack_header(value)
-        if self.verify:
-            check_crc(value, header)
-        if not 0 <= header.label < self.num_classes:
-            raise FormatError(f"label {header.label} outside the {self.num_classes} classes of the manifest")
-        try:
-            p = self.preset.params(epoch, index, header.shape)
-        except ValueError as exc:
-            raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
-        payload = memoryview(value)[header.offset:]
-        if self.inflate:
-            if header.codec_id != Lz4Codec.id:
-                raise FormatError(f"codec id {header.codec_id} in a shard the manifest calls lz4")
-            data = np.frombuffer(payload, dtype=np.uint8)
-        else:
-            data = codec_for_id(header.codec_id).decode(payload, header.shape)
-        t = p.t if p.t is not None else header.shape[0] - p.t0
-        out = (data, np.array([p.t0, p.y0, p.x0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
-               np.array(p.flip, dtype=np.int32), np.array(header.label, dtype=np.int64),
-               np.array(index, dtype=np.int64))
-        return out + (np.asarray(header.shape, dtype=np.int32),) if self.inflate else out
 
 
 def _inflate_op():
@@ -486,147 +349,16 @@ def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: ClipPr
                           workers=2 if workers is None else workers, **kw)
 
 
-# -- device check ---------------------------------------------------------------
+def gpu_self_check(*args, **kw) -> dict:
+    """The device check (``loaders.dali_check.gpu_self_check``)."""
+    from .dali_check import gpu_self_check as check
 
-def _synth_roots(base: str, codecs: Sequence[str]) -> list[str]:
-    """Convert a small synthetic dataset once per codec under ``base``."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
-    from convert.synth import make_dataset
-
-    src = os.path.join(base, "videos")
-    make_dataset(src, per_class=2, seconds=1.2, seed=0)
-    roots = []
-    for codec in codecs:
-        out = os.path.join(base, codec)
-        run_job(src, out, ConvertConfig(codec=codec), JobOptions(workers=min(8, os.cpu_count() or 1), progress=False))
-        roots.append(out)
-    return roots
-
-
-def _check_against_lmdb(root: str, preset: ClipPreset, *, device_id: int | None, batch_size: int, workers: int,
-                        tolerance: int) -> dict:
-    """Two epochs and a resume of the DALI loader, each batch compared with ``LmdbClipDataset``."""
-    import time
-
-    from .dataset import LmdbClipDataset
-
-    loader = DaliClipLoader(root, train=preset.train, batch_size=batch_size, preset=preset, device_id=device_id,
-                            workers=workers)
-    ds = LmdbClipDataset(root, train=preset.train, preset=preset)
-    worst, clips, start = 0, 0, time.perf_counter()
-    try:
-        for epoch, position in ((0, 0), (1, 0), (1, batch_size)):
-            loader.set_epoch(epoch)
-            loader.set_position(position)
-            seen = []
-            for batch in loader:
-                if device_id is not None and batch["clip"].device != torch.device("cuda", device_id):
-                    raise RuntimeError(f"clips came back on {batch['clip'].device}, not cuda:{device_id}")
-                ref = ds.__getitems__([(epoch, int(i)) for i in batch["index"]]).collated
-                got = batch["clip"].cpu()
-                if got.shape != ref["clip"].shape:
-                    raise RuntimeError(f"{root}: DALI batch {tuple(got.shape)}, LMDB {tuple(ref['clip'].shape)}")
-                diff = int((got.int() - ref["clip"].int()).abs().max()) if got.numel() else 0
-                worst = max(worst, diff)
-                if diff > tolerance:
-                    raise RuntimeError(f"{root} {preset}: epoch {epoch} clips {batch['index'].tolist()} differ from "
-                                       f"the LMDB path by up to {diff} (allowed {tolerance})")
-                if not torch.equal(batch["label"].cpu(), ref["label"]) or batch["video_id"] != ref["video_id"]:
-                    raise RuntimeError(f"{root}: labels or video ids differ at clips {batch['index'].tolist()}")
-                seen.extend(batch["index"].tolist())
-                clips += len(batch["index"])
-            if seen != loader.indices(epoch, position).tolist():
-                raise RuntimeError(f"{root}: epoch {epoch} from {position} read {seen}, "
-                                   f"the sampler order is {loader.indices(epoch, position).tolist()}")
-    finally:
-        loader.close()
-    if device_id is not None:
-        torch.cuda.synchronize(device_id)
-    return {"max_diff": worst, "clips": clips, "seconds": round(time.perf_counter() - start, 3)}
-
-
-def _check_normalize(root: str, *, device_id: int | None, batch_size: int, workers: int) -> float:
-    """Largest difference between DALI's normalised output and ``to_model_input`` of the LMDB batch."""
-    from .dataset import LmdbClipDataset
-    from .presets import to_model_input
-
-    preset = ClipPreset(train=True, seed=1)
-    loader = DaliClipLoader(root, train=True, batch_size=batch_size, preset=preset, device_id=device_id,
-                            workers=workers, normalize=True)
-    ds = LmdbClipDataset(root, train=True, preset=preset)
-    worst = 0.0
-    try:
-        for batch in loader:
-            ref = ds.__getitems__([(0, int(i)) for i in batch["index"]]).collated["clip"]
-            want = to_model_input(ref, mean=preset.mean, std=preset.std, device=batch["clip"].device)
-            worst = max(worst, float((batch["clip"] - want).abs().max()))
-    finally:
-        loader.close()
-    if worst > 1e-5:
-        raise RuntimeError(f"{root}: normalised DALI output differs from to_model_input by {worst}")
-    return worst
-
-
-def gpu_self_check(root: str | None = None, *, device_id: int | None = 0, batch_size: int = 4, workers: int = 2,
-                   codecs: Sequence[str] = ("lz4", "raw")) -> dict:
-    """Compare the DALI pipeline with the LMDB path; raises RuntimeError on a difference, returns what it saw.
-
-    ``root``: a conversion to check (default: convert a small synthetic set
-    once per codec in ``codecs`` into a temporary folder). For each: train
-    (random crop + flip), train with multi-scale (allowed to differ by 2 grey
-    levels), and eval presets, over two epochs and a mid-epoch resume; then
-    ``normalize=True`` against ``to_model_input``. ``device_id=None`` runs the
-    same checks on DALI's CPU backend.
-    """
-    import tempfile
-
-    if device_id is not None and not torch.cuda.is_available():
-        raise RuntimeError("gpu_self_check: torch sees no CUDA device (pass device_id=None for the CPU backend)")
-    results: dict = {"device": "cpu" if device_id is None else torch.cuda.get_device_name(device_id)}
-    with tempfile.TemporaryDirectory(prefix="dali_check_") as tmp:
-        roots = [root] if root is not None else _synth_roots(tmp, codecs)
-        for r in roots:
-            name = open_clips(r).manifest["codec"] if root is None else r
-            presets = {"train": (ClipPreset(train=True, seed=1, clip_len=8), 0),
-                       "multiscale": (ClipPreset(train=True, seed=1, multiscale=(1.0, 0.875, 0.75, 0.66)), 2),
-                       "eval": (ClipPreset(train=False, seed=1), 0)}
-            for label, (preset, tolerance) in presets.items():
-                got = _check_against_lmdb(r, preset, device_id=device_id, batch_size=batch_size, workers=workers,
-                                          tolerance=tolerance)
-                results[f"{name}/{label}"] = got
-                print(f"{name:>8} {label:<10} ok: {got['clips']} clips in {got['seconds']} s, "
-                      f"max diff {got['max_diff']}", flush=True)
-            worst = _check_normalize(r, device_id=device_id, batch_size=batch_size, workers=workers)
-            results[f"{name}/normalize"] = worst
-            print(f"{name:>8} normalize  ok: max diff {worst:.2e}", flush=True)
-    return results
-
-
-def _main(argv: Sequence[str]) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m loaders.dali",
-                                description="Check the DALI pipeline against the LMDB path (GPU by default).")
-    p.add_argument("root", nargs="?", help="a conversion to check (default: a small synthetic one)")
-    p.add_argument("--device", default="0", help="CUDA device number, or 'cpu' for DALI's CPU backend")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=4)
-    args = p.parse_args(argv)
-    device_id = None if args.device == "cpu" else int(args.device)
-    try:
-        gpu_self_check(args.root, device_id=device_id, batch_size=args.batch_size, workers=args.workers)
-    except (RuntimeError, ValueError, DatasetError) as exc:
-        print(f"DALI check FAILED: {exc}")
-        return 1
-    print("DALI check passed")
-    return 0
+    return check(*args, **kw)
 
 
 if __name__ == "__main__":
     import sys
 
-    # Run the importable copy of this module, so spawned DALI workers find its classes by name.
-    from loaders.dali import _main as _importable_main
+    from loaders.dali_check import _main
 
-    sys.exit(_importable_main(sys.argv[1:]))
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""The sample source behind ``DaliClipLoader``: which clip comes next, and its bytes.
+
+``_Order`` is this rank's epoch order (``DistributedClipSampler``'s share),
+``_Stream`` the endless run of epochs one pipeline reads, and ``_ClipSource``
+the picklable callable that ``fn.external_source`` calls per sample, in
+DALI's worker processes: it reads the stored value and returns the payload
+with the crop the preset draws for (seed, epoch, index). No DALI import
+here: the source runs wherever DALI pickles it to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from convert.codecs import Lz4Codec, codec_for_id
+from convert.format import FormatError, check_crc, unpack_header
+
+from .clipstore import ClipStore, DatasetError
+from .presets import ClipPreset
+from .sampler import DistributedClipSampler
+
+
+class _Order:
+    """This rank's clips per epoch and how they are cut into batches.
+
+    Training: ``DistributedClipSampler(n, shuffle=True, drop_last=True)``'s
+    share. Evaluation: the sampler's (unshuffled) share without the wrapped
+    padding it adds when ranks do not divide the clip count, so the ranks
+    together hold every clip exactly once (train.data's ``RankSplit`` order).
+    A short final batch is padded with its last clip and trimmed after DALI,
+    whose batches have one size.
+    """
+
+    def __init__(self, n: int, *, world: int, rank: int, seed: int, train: bool, batch_size: int,
+                 drop_last: bool) -> None:
+        self.sampler = DistributedClipSampler(n, num_replicas=world, rank=rank, shuffle=train, seed=seed,
+                                              drop_last=train, with_epoch=False)
+        self.train = train
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.share_size = self.sampler.num_samples if train else len(range(rank, n, world))
+        self._cache: dict[int, np.ndarray] = {}
+
+    def share(self, epoch: int) -> np.ndarray:
+        """This rank's clip indices for ``epoch``, from its first sample."""
+        key = epoch if self.train else 0  # evaluation order does not depend on the epoch
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) >= 2:  # workers move forward an epoch at a time: keep this one and the last
+                self._cache.pop(next(iter(self._cache)))
+            got = self._cache[key] = self.sampler.indices(key)[:self.share_size]
+        return got
+
+    def batches(self, position: int) -> int:
+        """Batches of an epoch started at ``position``."""
+        left = self.share_size - position
+        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+
+    def valid(self, position: int, batch: int) -> int:
+        """Real (not padding) samples in batch ``batch`` of an epoch started at ``position``."""
+        return max(0, min(self.batch_size, self.share_size - position - batch * self.batch_size))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = {}  # rebuilt per worker; a shuffled epoch order can be large
+        return state
+
+
+class _Stream:
+    """The samples one pipeline reads: ``epoch`` from ``position``, then every later epoch from its start."""
+
+    def __init__(self, order: _Order, epoch: int, position: int) -> None:
+        self.order = order
+        self.epoch = epoch
+        self.position = position
+        self.first = order.batches(position)  # batches of the first segment
+        self.every = order.batches(0)  # batches of each later one
+
+    def segment(self, k: int) -> tuple[int, int]:
+        """(epoch, start position) of the stream's ``k``-th epoch."""
+        return self.epoch + k, self.position if k == 0 else 0
+
+    def segment_at(self, batch: int) -> int | None:
+        """Which segment starts at stream batch ``batch`` (None: ``batch`` is inside one)."""
+        if batch == 0:
+            return 0
+        rest = batch - self.first
+        if rest < 0 or self.every == 0 or rest % self.every:
+            return None
+        return 1 + rest // self.every
+
+    def locate(self, sample: int) -> tuple[int, int]:
+        """(epoch, clip index) of stream sample ``sample``; padding repeats a batch's last real clip."""
+        bs = self.order.batch_size
+        batch, j = divmod(sample, bs)
+        if batch < self.first:
+            k, b = 0, batch
+        else:
+            if self.every == 0:
+                raise IndexError(f"stream sample {sample} is past the only epoch")
+            k, b = 1 + (batch - self.first) // self.every, (batch - self.first) % self.every
+        epoch, position = self.segment(k)
+        j = min(j, self.order.valid(position, b) - 1)
+        return epoch, int(self.order.share(epoch)[position + b * bs + j])
+
+
+class _ClipSource:
+    """``external_source`` callback: one stored clip and its crop for a ``SampleInfo``.
+
+    Returns (data, anchor (t0, y0, x0), size (t, h, w), flip, label, index)
+    and, when ``inflate``, the stored shape (T, H, W, C). ``data`` is then
+    the 1-D LZ4 payload (the GPU decompresses it), else the decoded
+    (T, H, W, C) frames (raw payloads are not copied here: DALI copies them
+    once).
+    Stateless apart from caches, as parallel sources must be.
+    """
+
+    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, inflate: bool,
+                 verify: bool) -> None:
+        self.store = store
+        self.preset = preset
+        self.stream = stream
+        self.inflate = inflate
+        self.verify = verify
+        self.num_classes = len(store.classes)
+
+    def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
+        epoch, index = self.stream.locate(int(info.idx_in_epoch))
+        (value,) = self.store.read_values([index])
+        try:
+            return self._sample(value, epoch, index)
+        except FormatError as exc:
+            shard, key = self.store.key(index)
+            raise DatasetError(f"{self.store.shard_paths[shard]}: {key.decode(errors='replace')}: {exc}") from exc
+
+    def _sample(self, value: bytes, epoch: int, index: int) -> tuple[np.ndarray, ...]:
+        header = unpack_header(value)
+        if self.verify:
+            check_crc(value, header)
+        if not 0 <= header.label < self.num_classes:
+            raise FormatError(f"label {header.label} outside the {self.num_classes} classes of the manifest")
+        try:
+            p = self.preset.params(epoch, index, header.shape)
+        except ValueError as exc:
+            raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
+        payload = memoryview(value)[header.offset:]
+        if self.inflate:
+            if header.codec_id != Lz4Codec.id:
+                raise FormatError(f"codec id {header.codec_id} in a shard the manifest calls lz4")
+            data = np.frombuffer(payload, dtype=np.uint8)
+        else:
+            data = codec_for_id(header.codec_id).decode(payload, header.shape)
+        t = p.t if p.t is not None else header.shape[0] - p.t0
+        out = (data, np.array([p.t0, p.y0, p.x0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
+               np.array(p.flip, dtype=np.int32), np.array(header.label, dtype=np.int64),
+               np.array(index, dtype=np.int64))
+        return out + (np.asarray(header.shape, dtype=np.int32),) if self.inflate else out
