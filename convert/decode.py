@@ -97,15 +97,20 @@ class VideoDecoder:
         rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
         self.rate = float(rate) if rate else 25.0
 
+    def _duration(self) -> float | None:
+        """Seconds the stream (else the container) says it lasts; None when neither says."""
+        s = self._stream
+        if s.duration is not None and s.time_base:
+            return float(s.duration * s.time_base)
+        if self._container.duration is not None:
+            return self._container.duration / 1e6
+        return None
+
     def probe(self) -> Probe:
-        s, c = self._stream, self._container
+        s = self._stream
         frames = s.frames
         if not frames:
-            duration = None
-            if s.duration is not None and s.time_base is not None:
-                duration = float(s.duration * s.time_base)
-            elif c.duration is not None:
-                duration = c.duration / 1e6
+            duration = self._duration()
             frames = math.ceil(duration * self.rate) if duration else 300
         if self.spec.fps is not None:
             frames = math.ceil(frames * self.spec.fps / self.rate) + 1
@@ -138,18 +143,16 @@ class VideoDecoder:
         expected = self._expected_frames()
         if expected and self.frames_decoded < expected:
             # FFmpeg reads a truncated file without an error: it just ends early.
-            self.damage = f"truncated: decoded {self.frames_decoded} of the {expected} frames the container announces"
+            self.damage = (f"truncated: decoded {self.frames_decoded} frames, fewer than the {expected} "
+                           f"the container's header implies")
 
     def _expected_frames(self) -> int | None:
         """Frames the container promises, less a tolerance for inexact durations."""
         s = self._stream
         if s.frames:
             return s.frames - max(1, s.frames // 100)
-        if s.duration is not None and s.time_base:
-            seconds = float(s.duration * s.time_base)
-        elif self._container.duration is not None:
-            seconds = self._container.duration / 1e6
-        else:
+        seconds = self._duration()
+        if seconds is None:
             return None
         return int(seconds * self.rate * 0.95) - 2
 

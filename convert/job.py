@@ -118,7 +118,7 @@ class _ProgressBar(threading.Thread):
 
 def run_shards(out: str, plan: Plan, opts: JobOptions) -> list[dict]:
     workers = opts.workers or _cpu_count()
-    tasks = [delayed(run_shard)(out, i, opts.shard) for i in range(len(plan.shards))]
+    tasks = [delayed(run_shard)(out, i, len(items), opts.shard) for i, items in enumerate(plan.shards)]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
 

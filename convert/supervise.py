@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
-from .plan import load_plan, write_json_atomic
+from .plan import write_json_atomic
 
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
                "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -121,9 +121,12 @@ class _Progress:
             self._last = now
 
 
-def run_shard(out: str, index: int, opts: ShardOptions) -> dict:
-    """Convert every pending video of shard ``index``; returns the shard summary."""
-    n_items = len(load_plan(out).shards[index])
+def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
+    """Convert every pending video of shard ``index`` (``n_items`` videos); returns the shard summary.
+
+    The caller passes the count it already has from the plan, so a thousand
+    supervisors do not each parse the whole plan again.
+    """
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
 
