@@ -9,7 +9,6 @@ DataLoader workers and DDP ranks.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -18,8 +17,8 @@ import lmdb
 import numpy as np
 
 from convert.codecs import codec_for_id
-from convert.writers.lmdb_writer import forget_readonly, open_readonly
-from convert.format import DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
+from convert.writers.lmdb_writer import LmdbWriter, forget_readonly, open_readonly
+from convert.format import FormatError, check_crc, clip_key, read_manifest, unpack_header
 
 # One error type for everything wrong with a conversion folder on the read side.
 DatasetError = FormatError
@@ -64,20 +63,15 @@ class ClipStore(Sequence):
         self.shard_paths = [os.path.join(self.root, s["path"]) for s in self.manifest["shards"]]
         shard_of, ids, labels, counts = [], [], [], []
         for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest["shards"])):
-            env = open_env(path)
+            open_env(path)  # this process's cached handle, with the reader's errors
             n = 0
-            with env.begin() as txn:
-                cur = txn.cursor()
-                ok = cur.set_range(DONE_PREFIX)
-                while ok and cur.key().startswith(DONE_PREFIX):
-                    rec = json.loads(cur.value())
-                    if rec["clips"]:
-                        shard_of.append(si)
-                        ids.append(cur.key()[len(DONE_PREFIX):].decode())
-                        labels.append(rec["label"])
-                        counts.append(rec["clips"])
-                        n += rec["clips"]
-                    ok = cur.next()
+            for rec in LmdbWriter.read_done(path):  # key order of m/done/<video_id>
+                if rec.clips:
+                    shard_of.append(si)
+                    ids.append(rec.video_id)
+                    labels.append(rec.label)
+                    counts.append(rec.clips)
+                    n += rec.clips
             if n != meta["clips"]:
                 raise DatasetError(f"{path}: holds {n} clips, manifest says {meta['clips']} (truncated or replaced?)")
         self.video_ids: list[str] = ids
