@@ -1,7 +1,22 @@
-"""Decode a video dataset once into fixed-length uint8 clip shards (``python -m convert``)."""
+"""Decode a video dataset once into fixed-length uint8 clip shards (``python -m convert``).
 
-from .clips import ClipSpec
-from .decode import FrameSpec, VideoDecoder, VideoError, decode_all
-from .plan import ConvertConfig
+Names are imported on first use: ``convert.format`` (what readers import)
+must not pull in PyAV, which ``convert.decode`` needs.
+"""
 
-__all__ = ["ClipSpec", "ConvertConfig", "FrameSpec", "VideoDecoder", "VideoError", "decode_all"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {"ClipSpec": "clips", "ConvertConfig": "plan", "FrameSpec": "decode", "VideoDecoder": "decode",
+         "VideoError": "decode", "decode_all": "decode"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'convert' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -79,11 +79,10 @@ def _convert(tree: str, out: str, workers: int, codec: str) -> tuple[int, float]
     t0 = time.perf_counter()
     run_job(tree, out, ConvertConfig(codec=codec), JobOptions(workers=workers, progress=False))
     elapsed = time.perf_counter() - t0
-    from .writers import WRITERS
+    from loaders import open_clips
 
-    frames = 0
-    for name in sorted(os.listdir(os.path.join(out, "shards"))):
-        frames += sum(r.frames for r in WRITERS["lmdb"].read_done(os.path.join(out, "shards", name)))
+    store = open_clips(out)
+    frames = sum(r.frames for si in range(len(store.shard_paths)) for r in store.reader(si).records())
     return frames, elapsed
 
 

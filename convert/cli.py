@@ -15,8 +15,8 @@ import re
 import sys
 
 from .clips import SHORT_POLICIES
-from .codecs import CODECS
-from .plan import BACKENDS, DAMAGE_POLICIES, ConvertConfig, PlanError
+from .format import BACKENDS, WRITE_CODECS
+from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
 from .supervise import ShardOptions
 
@@ -53,8 +53,10 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
                    help="class names, one per line, fixing label order (default: sorted names found)")
     g = p.add_argument_group("output")
-    g.add_argument("--backend", default="lmdb", choices=BACKENDS, help="shard store (default lmdb)")
-    g.add_argument("--codec", default="raw", choices=list(CODECS),
+    g.add_argument("--backend", default="lmdb", choices=list(BACKENDS),
+                   help="shard store: lmdb (one key per clip) or tfrecord (tf.train.Example records with DALI "
+                        "index files, read natively by DALI); default lmdb")
+    g.add_argument("--codec", default="raw", choices=list(WRITE_CODECS),
                    help="clip payload: raw bytes, lz4 block (lossless, DALI-inflatable) or per-frame jpeg (lossy)")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
@@ -80,7 +82,10 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
     g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
                    "the map grows before each video from its probed size, and again if ever full)")
-    g.add_argument("--compact", action="store_true", help="rewrite each finished shard without free pages")
+    g.add_argument("--compact", action="store_true", help="lmdb: rewrite each finished shard without free pages")
+    g.add_argument("--part-size", type=parse_bytes, metavar="BYTES", default=None,
+                   help="tfrecord: start a new .tfrecord file (with its DALI .idx) once one reaches this size "
+                        "(default 256M)")
     g.add_argument("--max-memory", type=parse_bytes, metavar="BYTES",
                    help="heap limit per shard process, e.g. 4G: a video that needs more is recorded as failed "
                         "instead of calling the OOM killer (default: no limit)")
@@ -121,7 +126,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]
     if args.video_timeout <= 0:
         raise ValueError("--video-timeout must be > 0")
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
-                         map_size=args.map_size, compact=args.compact, max_memory=args.max_memory)
+                         map_size=args.map_size, compact=args.compact, max_memory=args.max_memory,
+                         part_bytes=args.part_size)
     opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
                       progress=not args.no_progress and sys.stderr.isatty())
     return config, opts

@@ -17,11 +17,10 @@ from dataclasses import asdict, dataclass
 
 from joblib import Parallel, delayed, parallel_config
 
-from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR
+from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, get_backend
 from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan, write_json_atomic
 from .sources import load_source
 from .supervise import ShardOptions, run_shard
-from .writers import WRITERS
 
 
 @dataclass(frozen=True)
@@ -136,19 +135,25 @@ def run_shards(out: str, plan: Plan, opts: JobOptions) -> list[dict]:
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     """Write report.jsonl and, last, manifest.json from what the shards hold."""
-    writer_cls = WRITERS[plan.config.backend]
+    backend = get_backend(plan.config.backend)
     statuses: Counter = Counter()
     records = [asdict(p) for p in plan.problems]
     statuses.update(p.status for p in plan.problems)
     shards = []
     for s in sorted(summaries, key=lambda s: s["index"]):
         name = plan.shard_path(out, s["index"])
-        for rec in writer_cls.read_done(name):
+        reader = backend.reader(name)
+        try:
+            shard_records = reader.records()
+        finally:
+            reader.close()
+        for rec in shard_records:
             statuses[rec.status] += 1
             if rec.status != "ok":
                 records.append({"id": rec.video_id, "path": rec.path, "status": rec.status, "reason": rec.reason})
-        shards.append({"name": os.path.basename(name), "path": os.path.relpath(name, out), "videos": s["videos"],
-                       "clips": s["clips"], "value_bytes": s["value_bytes"], "sha256": s["sha256"]})
+        entry = {"name": os.path.basename(name), "path": os.path.relpath(name, out), "index": s["index"]}
+        entry.update({k: s[k] for k in ("videos", "clips", "value_bytes", "sha256", "files") if k in s})
+        shards.append(entry)
     tmp = os.path.join(out, REPORT + ".tmp")
     with open(tmp, "w") as fh:
         for r in sorted(records, key=lambda r: r["id"]):
@@ -158,15 +163,7 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "backend": cfg.backend,
-        "codec": cfg.codec,
-        "clip_shape": [cfg.clip_len, *cfg.size, 3] if cfg.size else None,
-        "frame_size": {"size": list(cfg.size) if cfg.size else None, "short_side": cfg.short_side},
-        "fps": cfg.fps,
-        "clip": {"clip_len": cfg.clip_len, "stride": cfg.stride, "step": cfg.clip_spec().start_step,
-                 "max_clips": cfg.max_clips, "short": cfg.short},
-        "on_damage": cfg.on_damage,
-        "classes": plan.classes,
+        **cfg.data_spec(plan.classes),
         "num_classes": len(plan.classes),
         "shards": shards,
         "totals": {"videos": sum(s["videos"] for s in shards), "clips": sum(s["clips"] for s in shards),

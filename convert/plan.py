@@ -15,13 +15,11 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .clips import ClipSpec
-from .codecs import CODECS
 from .decode import FrameSpec
-from .format import FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, shard_name
+from .format import BACKENDS, FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, WRITE_CODECS, get_codec, shard_name
 from .sources import Problem, Source, VideoItem
 
 DAMAGE_POLICIES = ("keep", "skip")
-BACKENDS = ("lmdb",)
 
 
 class PlanError(ValueError):
@@ -47,8 +45,8 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.codec not in CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}; choose one of {', '.join(CODECS)}")
+        if self.codec not in WRITE_CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}; choose one of {', '.join(WRITE_CODECS)}")
         if self.on_damage not in DAMAGE_POLICIES:
             raise ValueError(f"on_damage must be one of {', '.join(DAMAGE_POLICIES)}, got {self.on_damage!r}")
         self.frame_spec()  # validates size / short side / fps
@@ -61,6 +59,21 @@ class ConvertConfig:
     def clip_spec(self) -> ClipSpec:
         return ClipSpec(clip_len=self.clip_len, stride=self.stride, step=self.step,
                         max_clips=self.max_clips, short=self.short)
+
+    def data_spec(self, classes: list[str]) -> dict:
+        """What defines the stored data: the manifest's fields that every shard stores too (FORMAT.md)."""
+        return {
+            "backend": self.backend,
+            "codec": self.codec,
+            "codec_id": get_codec(self.codec).id,
+            "classes": list(classes),
+            "clip_shape": [self.clip_len, *self.size, 3] if self.size else None,
+            "frame_size": {"size": list(self.size) if self.size else None, "short_side": self.short_side},
+            "fps": self.fps,
+            "clip": {"clip_len": self.clip_len, "stride": self.stride, "step": self.clip_spec().start_step,
+                     "max_clips": self.max_clips, "short": self.short},
+            "on_damage": self.on_damage,
+        }
 
     def to_dict(self) -> dict:
         d = asdict(self)

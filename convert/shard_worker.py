@@ -22,14 +22,14 @@ from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
-from .writers import WRITERS, DoneRecord, ShardWriter
+from .format import BACKENDS, ShardWriter, VideoRecord, WriterOptions, shard_meta
 
 VALUE_OVERHEAD = 256  # header, key and LMDB node bytes per clip, rounded up
 
 
 def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
                   decoder: VideoDecoder | None = None) -> Callable:
-    """A repeatable generator function: yields clips, returns the DoneRecord."""
+    """A repeatable generator function: yields clips, returns the VideoRecord."""
     frame_spec, clip_spec = config.frame_spec(threads), config.clip_spec()
     first = [decoder]
 
@@ -55,7 +55,7 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
         except MemoryError:
             return (yield from failed_producer(item, "out of memory while decoding (see --max-memory)")())
         n, frames = cutter.emitted, cutter.frames_seen
-        record = lambda status, clips, reason="": DoneRecord(  # noqa: E731
+        record = lambda status, clips, reason="": VideoRecord(  # noqa: E731
             item.id, item.path, item.label, status, clips, frames, reason)
         if dec.damage:
             if config.on_damage == "skip":
@@ -106,7 +106,7 @@ def _inject_fault(item: VideoItem) -> None:
         np.ones(1 << 40, dtype=np.uint8)  # 1 TiB: fails under any --max-memory
 
 
-def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> DoneRecord:
+def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> VideoRecord:
     """Decode, cut and store one video; a video that cannot be opened is recorded as failed."""
     try:
         dec = VideoDecoder(item.path, config.frame_spec(threads))
@@ -119,14 +119,16 @@ def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, t
 def failed_producer(item: VideoItem, reason: str) -> Callable:
     """A producer with no clips whose record says the video failed."""
     def produce():
-        return DoneRecord(item.id, item.path, item.label, "failed", 0, 0, reason)
+        return VideoRecord(item.id, item.path, item.label, "failed", 0, 0, reason)
         yield  # pragma: no cover - a generator that yields nothing
     return produce
 
 
-def open_writer(out: str, plan: Plan, index: int, map_size: int | None) -> ShardWriter:
-    return WRITERS[plan.config.backend](path=plan.shard_path(out, index), codec=plan.config.codec,
-                                        map_size=map_size)
+def open_writer(out: str, plan: Plan, index: int, options: WriterOptions = WriterOptions()) -> ShardWriter:
+    """The writer of shard ``index``, which stores the plan's data spec and its place among the shards."""
+    meta = shard_meta(plan.config.data_spec(plan.classes), index=index, count=len(plan.shards))
+    return BACKENDS[plan.config.backend].writer(path=plan.shard_path(out, index), codec=plan.config.codec,
+                                                meta=meta, options=options)
 
 
 def main(argv: list[str]) -> int:
@@ -143,7 +145,9 @@ def main(argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     plan = load_plan(out)
     items = plan.shards[index]
-    with open_writer(out, plan, index, opts.get("map_size")) as writer:
+    options = WriterOptions(map_size=opts.get("map_size"), compact=opts.get("compact", False),
+                            **({"part_bytes": opts["part_bytes"]} if opts.get("part_bytes") else {}))
+    with open_writer(out, plan, index, options) as writer:
         done = writer.done_records()
         proto.write(json.dumps({"ready": True, "done": [i for i, it in enumerate(items) if it.id in done],
                                 "complete": writer.complete_record() is not None}) + "\n")
@@ -158,7 +162,7 @@ def main(argv: list[str]) -> int:
                 rec = writer.write_video(item.id, item.label, failed_producer(item, cmd["reason"]), 0)
                 proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
             elif cmd["op"] == "finish":
-                summary = writer.finish(compact=opts.get("compact", False))
+                summary = writer.finish()
                 proto.write(json.dumps({"finished": True, **summary}) + "\n")
                 break
             else:

@@ -34,6 +34,7 @@ class ShardOptions:
     threads: int = 1
     map_size: int | None = None
     compact: bool = False
+    part_bytes: int | None = None  # tfrecord: file size at which a shard starts a new file
     max_memory: int | None = None  # bytes of heap per shard process (RLIMIT_DATA)
 
 
@@ -59,6 +60,7 @@ class _Child:
         for name, value in _MALLOC_ENV.items():
             env.setdefault(name, value)
         args = {"threads": opts.threads, "map_size": opts.map_size, "compact": opts.compact,
+                "part_bytes": opts.part_bytes,
                 "max_memory": opts.max_memory}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "convert.shard_worker", out, str(index), json.dumps(args)],

@@ -1,82 +1,147 @@
-"""``python -m convert verify OUT``: reopen every shard and check it against the manifest."""
+"""``python -m convert verify OUT``: reopen every shard and check it against the manifest.
+
+Works for every backend through its reader. Each shard is checked in a child
+process (several at once): a page damaged so badly that touching it raises
+SIGBUS kills that child, which is reported as "corrupted", never the check.
+"""
 
 from __future__ import annotations
 
+import gc
 import hashlib
-import json
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+from typing import Callable
 
-import lmdb
-
-from .codecs import codec_for_id
-from .format import CLIP_PREFIX, DONE_PREFIX, FormatError, check_crc, clip_key, read_manifest, unpack_header
-from .writers.base import checksum_update
-from .writers.lmdb_writer import iter_prefix, open_readonly
+from .format import (FormatError, ShardMissing, check_crc, check_plan, check_shard_meta, codec_for_id, get_backend, read_manifest)
 
 
-def verify_shard(path: str, meta: dict, manifest: dict, *, decode: bool = True) -> list[str]:
-    """Every problem found in one shard, as one-line messages naming the shard.
+def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) -> list[str]:
+    """Every problem found in shard ``index`` of ``manifest``, as one-line messages naming the shard.
 
     ``decode=False`` checks everything but the payloads' decoding (CRC-32s,
-    headers, counts, the checksum): what a reader checks before training.
+    headers, counts, metadata, the checksum): what a reader checks before
+    training.
     """
+    meta = manifest["shards"][index]
     name = meta["name"]
-    if not os.path.exists(os.path.join(path, "data.mdb")):
-        return [f"{name}: missing ({path} has no data.mdb)"]
+    version = int(manifest.get("format_version", 1))
     try:
-        env = open_readonly(path)
-    except (lmdb.Error, OSError) as exc:
+        reader = get_backend(manifest["backend"]).reader(path)
+    except ShardMissing as exc:
+        return [f"{name}: missing: {exc}"]
+    except FormatError as exc:
         return [f"{name}: cannot open: {exc}"]
     problems: list[str] = []
-    records: list[dict] = []
-    h = hashlib.sha256()
-    clips = 0
+    try:
+        check_shard_meta(reader.meta, manifest, index, name)
+    except FormatError as exc:
+        problems.append(str(exc))
     n_classes = len(manifest["classes"])
     shape = tuple(manifest["clip_shape"]) if manifest.get("clip_shape") else None
+    clips = value_bytes = 0
+    h = hashlib.sha256()
     try:
-        with env.begin(buffers=True) as txn:
-            for key, value in iter_prefix(txn, CLIP_PREFIX):
-                key = bytes(key)
-                checksum_update(h, key, value)
-                clips += 1
-                try:
-                    header = unpack_header(value)
-                    check_crc(value, header)
-                    if decode:
-                        codec_for_id(header.codec_id).decode(value[header.offset:], header.shape)
-                    if clip_key(header.video_id, header.clip_index) != key:
-                        raise FormatError(f"header says {header.video_id!r} clip {header.clip_index}")
-                    if shape is not None and header.shape != shape:
-                        raise FormatError(f"shape {header.shape}, manifest says {shape}")
-                    if not 0 <= header.label < n_classes:
-                        raise FormatError(f"label {header.label} outside the {n_classes} classes")
-                except FormatError as exc:
-                    problems.append(f"{name}: {key.decode(errors='replace')}: {exc}")
-            records = [json.loads(bytes(v)) for _, v in iter_prefix(txn, DONE_PREFIX)]
-    except lmdb.Error as exc:
-        problems.append(f"{name}: read failed: {exc}")
-    held = sum(r["clips"] for r in records) if not problems else None
+        problems += reader.check_storage()
+        records = reader.records()
+        for header_bytes, header, payload in reader.iter_clips():
+            clips += 1
+            value_bytes += header.value_len
+            h.update(header_bytes)
+            where = reader.where(header.video_id, header.clip_index)
+            try:
+                check_crc(payload, header)
+                if decode:
+                    codec_for_id(header.codec_id).decode(payload, header.shape)
+                if shape is not None and header.shape != shape:
+                    raise FormatError(f"shape {header.shape}, manifest says {shape}")
+                if not 0 <= header.label < n_classes:
+                    raise FormatError(f"label {header.label} outside the {n_classes} classes")
+            except FormatError as exc:
+                problems.append(f"{name}: {where}: {exc}")
+        sha = h.hexdigest() if version >= 2 else reader.checksum(version)
+    except FormatError as exc:
+        problems.append(f"{name}: {exc}")
+        return problems
+    finally:
+        reader.close()
     if clips != meta["clips"]:
         problems.append(f"{name}: holds {clips} clips, manifest says {meta['clips']}")
-    if held is not None and held != clips:
-        problems.append(f"{name}: done records count {held} clips, shard holds {clips}")
     if len(records) != meta["videos"]:
         problems.append(f"{name}: holds {len(records)} video records, manifest says {meta['videos']}")
-    if h.hexdigest() != meta["sha256"]:
-        problems.append(f"{name}: checksum {h.hexdigest()[:16]}... differs from manifest {meta['sha256'][:16]}...")
+    if version >= 2 and value_bytes != meta["value_bytes"]:
+        problems.append(f"{name}: holds {value_bytes} value bytes, manifest says {meta['value_bytes']}")
+    if sha != meta["sha256"]:
+        problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta['sha256'][:16]}...")
     return problems
 
 
-def verify(out: str) -> tuple[list[str], dict]:
+def _child(conn, fn: Callable[[], list[str]]) -> None:
+    try:
+        conn.send(fn())
+    finally:
+        conn.close()
+
+
+def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> list[str]:
+    """Run ``(name, check)`` tasks in forked children, ``workers`` at a time; a crash is a problem line."""
+    if not hasattr(os, "fork") or workers < 1:
+        return [line for _, fn in tasks for line in fn()]
+    ctx = multiprocessing.get_context("fork")
+    # A child inherits this process's uncollected garbage; collecting it here
+    # keeps objects with threads (a dropped DALI pipeline) from being
+    # finalised in a child where their threads do not exist.
+    gc.collect()
+    results: dict[int, list[str]] = {}
+    running: dict[int, tuple] = {}
+    pending = list(enumerate(tasks))
+    while pending or running:
+        while pending and len(running) < workers:
+            k, (name, fn) = pending.pop(0)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, fn), daemon=True)
+            proc.start()
+            send.close()
+            running[k] = (name, proc, recv)
+        ready = multiprocessing.connection.wait([r for _, _, r in running.values()])
+        for k in [k for k, (_, _, r) in running.items() if r in ready]:
+            name, proc, recv = running.pop(k)
+            try:
+                results[k] = recv.recv()
+            except EOFError:  # the child died before answering
+                proc.join()
+                code = proc.exitcode
+                how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+                results[k] = [f"{name}: corrupted: reading it crashed the checker ({how}); the shard must be "
+                              f"converted again"]
+            recv.close()
+            proc.join()
+    return [line for k in sorted(results) for line in results[k]]
+
+
+def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tuple[list[str], dict]:
     """All problems in a conversion folder (empty when it is sound), and the counts checked."""
     try:
         manifest = read_manifest(out)
     except FormatError as exc:
         return [str(exc)], {}
     problems: list[str] = []
-    for meta in manifest["shards"]:
-        problems += verify_shard(os.path.join(out, meta["path"]), meta, manifest)
+    try:
+        check_plan(out, manifest)
+    except FormatError as exc:
+        problems.append(str(exc))
+    tasks = [(meta["name"], _task(os.path.join(out, meta["path"]), i, manifest, decode))
+             for i, meta in enumerate(manifest["shards"])]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    problems += isolated(tasks, cpus if workers is None else workers)
     totals = manifest["totals"]
-    if sum(m["clips"] for m in manifest["shards"]) != totals["clips"]:
-        problems.append("manifest: shard clip counts do not add up to totals.clips")
+    for key in ("clips", "videos", "value_bytes"):
+        if sum(m[key] for m in manifest["shards"]) != totals[key]:
+            problems.append(f"manifest: shard {key} counts do not add up to totals.{key}")
     return problems, {"shards": len(manifest["shards"]), "clips": totals["clips"], "videos": totals["videos"]}
+
+
+def _task(path: str, index: int, manifest: dict, decode: bool) -> Callable[[], list[str]]:
+    return lambda: verify_shard(path, index, manifest, decode=decode)

@@ -1,28 +1,33 @@
 """Readers of converted clip shards, and the training-side pieces around them.
 
-``open_clips`` is the plain reader; ``LmdbClipDataset`` + ``DistributedClipSampler``
-+ ``build_loader`` feed training; ``ClipPreset`` / ``to_model_input`` define
-what the model sees; ``OnTheFlyVideoDataset`` is the decode-per-item baseline.
+``open_clips`` is the plain reader; ``ClipDataset`` (``LmdbClipDataset``) +
+``DistributedClipSampler`` + ``build_loader`` feed training; ``ClipPreset`` /
+``to_model_input`` define what the model sees; ``OnTheFlyVideoDataset`` is the
+decode-per-item baseline.
+
+Names are imported on first use, so ``from loaders import open_clips`` pulls
+in neither torch nor PyAV (a shard reader needs numpy and the backend's
+library only).
 """
 
-from .clipstore import ClipSample, ClipStore, DatasetError, open_clips
-from .dataset import LmdbClipDataset, collate
-from .factory import build_loader
-from .onthefly import OnTheFlyVideoDataset
-from .presets import ClipPreset, CropParams, to_model_input
-from .sampler import DistributedClipSampler
+from __future__ import annotations
 
-__all__ = [
-    "ClipPreset",
-    "ClipSample",
-    "ClipStore",
-    "CropParams",
-    "DatasetError",
-    "DistributedClipSampler",
-    "LmdbClipDataset",
-    "OnTheFlyVideoDataset",
-    "build_loader",
-    "collate",
-    "open_clips",
-    "to_model_input",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ClipBatch": "dataset", "ClipDataset": "dataset", "LmdbClipDataset": "dataset", "collate": "dataset",
+    "ClipSample": "clipstore", "ClipStore": "clipstore", "DatasetError": "clipstore", "open_clips": "clipstore",
+    "build_loader": "factory", "OnTheFlyVideoDataset": "onthefly",
+    "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
+    "DistributedClipSampler": "sampler",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -30,8 +30,6 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from convert.format import HEADER_SIZE
-
 from .clipstore import open_clips
 from .dataset import LmdbClipDataset, _batch_array
 from .factory import build_loader
@@ -42,13 +40,11 @@ N_CLASSES = 5  # convert.synth makes five motion classes
 
 
 class ReadCopyDataset(Dataset):
-    """The bound: read each value of a batch from LMDB, copy it into one buffer, return that."""
+    """The bound: read each payload of a batch from the shards, copy it into one buffer, return that."""
 
     def __init__(self, root: str) -> None:
         self.store = open_clips(root)
-        shape = self.store.manifest["clip_shape"]
-        longest_id = max((len(v.encode()) for v in self.store.video_ids), default=0)
-        self.slot = math.prod(shape) + HEADER_SIZE + longest_id
+        self.slot = math.prod(self.store.manifest["clip_shape"])
 
     def __len__(self) -> int:
         return len(self.store)
@@ -62,12 +58,12 @@ class ReadCopyDataset(Dataset):
         arr = buf.numpy()
         sizes = np.zeros(len(indices), dtype=np.int64)
 
-        def copy(pos: int, value: memoryview) -> None:
-            n = len(value)
-            arr[pos, :n] = np.frombuffer(value, dtype=np.uint8)
+        def copy(pos: int, header, payload: memoryview) -> None:
+            n = len(payload)
+            arr[pos, :n] = np.frombuffer(payload, dtype=np.uint8)
             sizes[pos] = n
 
-        self.store.visit_values(indices, copy)
+        self.store.visit(indices, copy)
         return {"clip": buf, "bytes": int(sizes.sum())}
 
 

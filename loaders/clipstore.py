@@ -1,10 +1,11 @@
 """The plain reader every other reader builds on: ``open_clips(OUT)``.
 
-It indexes a finished conversion from its manifest and the shards' done
-records, and reads clips by global index. LMDB environments are opened lazily,
-once per process (py-lmdb refuses a second open in one process, and an
-environment must not cross a fork), so a ``ClipStore`` can be pickled into
-DataLoader workers and DDP ranks.
+It indexes a finished conversion from its manifest and the shards' video
+records (through the backend the manifest names), and reads clips by global
+index. Shards are opened lazily, once per process (py-lmdb refuses a second
+open in one process, and a handle must not cross a fork), so a ``ClipStore``
+can be pickled into DataLoader workers, DALI workers and DDP ranks, and read
+from several threads. Imports neither torch nor PyAV.
 """
 
 from __future__ import annotations
@@ -13,25 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-import lmdb
 import numpy as np
 
-from convert.codecs import codec_for_id
-from convert.writers.lmdb_writer import LmdbWriter, forget_readonly, open_readonly
-from convert.format import FormatError, check_crc, clip_key, read_manifest, unpack_header
+from convert.format import (ClipHeader, Codec, FormatError, ShardReader, check_crc, check_plan, check_shard_meta,
+                            codec_for_id, codec_of_manifest, get_backend, read_manifest)
 
 # One error type for everything wrong with a conversion folder on the read side.
 DatasetError = FormatError
-
-
-def open_env(path: str) -> lmdb.Environment:
-    """This process's read-only handle on a shard, opened on first use (fork-safe)."""
-    try:
-        return open_readonly(path)
-    except OSError as exc:  # missing or truncated data file
-        raise DatasetError(str(exc)) from exc
-    except lmdb.Error as exc:
-        raise DatasetError(f"{path}: shard cannot be opened: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -44,28 +33,24 @@ class ClipSample:
     clip_index: int
 
 
-def decode_value(value: bytes | memoryview, *, verify: bool = False):
-    """Header and (T, H, W, 3) uint8 array of one stored clip value."""
-    header = unpack_header(value)
-    if verify:
-        check_crc(value, header)
-    clip = codec_for_id(header.codec_id).decode(memoryview(value)[header.offset:], header.shape)
-    return header, clip
-
-
 class ClipStore(Sequence):
     """All clips of a conversion, in manifest shard order, then video id, then clip index."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.manifest = read_manifest(self.root)
+        self.backend = get_backend(self.manifest["backend"])
+        self.codec: Codec = codec_of_manifest(self.manifest)
         self.classes: list[str] = list(self.manifest["classes"])
+        check_plan(self.root, self.manifest)
         self.shard_paths = [os.path.join(self.root, s["path"]) for s in self.manifest["shards"]]
+        self._readers: dict[int, ShardReader] = {}
         shard_of, ids, labels, counts = [], [], [], []
         for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest["shards"])):
-            open_env(path)  # this process's cached handle, with the reader's errors
+            reader = self.reader(si)
+            check_shard_meta(reader.meta, self.manifest, si, path)
             n = 0
-            for rec in LmdbWriter.read_done(path):  # key order of m/done/<video_id>
+            for rec in reader.records():
                 if rec.clips:
                     shard_of.append(si)
                     ids.append(rec.video_id)
@@ -83,6 +68,13 @@ class ClipStore(Sequence):
         if bad.size:
             raise DatasetError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
 
+    def reader(self, shard: int) -> ShardReader:
+        """This process's reader of shard number ``shard`` (opened on first use)."""
+        r = self._readers.get(shard)
+        if r is None:
+            r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
+        return r
+
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
@@ -96,9 +88,10 @@ class ClipStore(Sequence):
         v = int(np.searchsorted(self._ends, i, side="right"))
         return v, i - int(self._ends[v] - self.video_clips[v])
 
-    def key(self, i: int) -> tuple[int, bytes]:
+    def where(self, i: int) -> str:
+        """How errors name global clip ``i``: its shard and identity."""
         v, c = self.locate(i)
-        return int(self.video_shard[v]), clip_key(self.video_ids[v], c)
+        return self.reader(int(self.video_shard[v])).where(self.video_ids[v], c)
 
     def labels(self) -> np.ndarray:
         """The label of every clip, in index order (for samplers)."""
@@ -108,24 +101,8 @@ class ClipStore(Sequence):
         """The video number of every clip, in index order."""
         return np.repeat(np.arange(len(self.video_ids)), self.video_clips)
 
-    def read_values(self, indices: Sequence[int]) -> list[bytes]:
-        """Raw stored values for many clips: one read transaction per shard touched."""
-        keys = [self.key(int(i)) for i in indices]
-        out: list[bytes | None] = [None] * len(keys)
-        by_shard: dict[int, list[int]] = {}
-        for pos, (si, _) in enumerate(keys):
-            by_shard.setdefault(si, []).append(pos)
-        for si, positions in by_shard.items():
-            with open_env(self.shard_paths[si]).begin() as txn:
-                for pos in positions:
-                    value = txn.get(keys[pos][1])
-                    if value is None:
-                        raise DatasetError(f"{self.shard_paths[si]}: key {keys[pos][1]!r} missing")
-                    out[pos] = value
-        return out  # type: ignore[return-value]
-
-    def keys(self, indices: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
-        """Shard number and key of many clips at once (one vectorised search)."""
+    def refs(self, indices: Sequence[int]) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        """Shard number and (video id, clip index) of many clips at once (one vectorised search)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -134,33 +111,44 @@ class ClipStore(Sequence):
         v = np.searchsorted(self._ends, idx, side="right")
         within = idx - (self._ends[v] - self.video_clips[v])
         ids = self.video_ids
-        return self.video_shard[v], [clip_key(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())]
+        return self.video_shard[v], [(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())]
 
-    def visit_values(self, indices: Sequence[int], fn: Callable[[int, memoryview], None]) -> None:
-        """Call ``fn(position, value)`` for each index: one read transaction per shard touched.
+    def visit(self, indices: Sequence[int], fn: Callable[[int, ClipHeader, memoryview], None]) -> None:
+        """Call ``fn(position, header, payload)`` for each index, grouped by shard.
 
-        ``value`` is a memoryview into the shard's memory map, valid only during
-        the call (no copy is made). A ``FormatError`` raised by ``fn`` comes back
-        as a ``DatasetError`` naming the shard and the key.
+        ``payload`` may be a view into a shard's memory map, valid only during
+        the call (no copy is made). A ``FormatError`` raised by ``fn`` comes
+        back as a ``DatasetError`` naming the shard and the clip.
         """
-        shards, keys = self.keys(indices)
+        shards, refs = self.refs(indices)
         order = np.argsort(shards, kind="stable")
         bounds = np.flatnonzero(np.diff(shards[order])) + 1
         for group in np.split(order, bounds) if order.size else ():
-            path = self.shard_paths[int(shards[group[0]])]
-            with open_env(path).begin(buffers=True) as txn:
-                for pos in group.tolist():
-                    value = txn.get(keys[pos])
-                    if value is None:
-                        raise DatasetError(f"{path}: key {keys[pos].decode(errors='replace')} missing")
-                    try:
-                        fn(pos, value)
-                    except FormatError as exc:
-                        raise DatasetError(f"{path}: {keys[pos].decode(errors='replace')}: {exc}") from exc
+            positions = group.tolist()
+            self.reader(int(shards[group[0]])).visit(
+                [refs[p] for p in positions], lambda k, header, payload: fn(positions[k], header, payload))
+
+    def payloads(self, indices: Sequence[int]) -> list[tuple[ClipHeader, bytes]]:
+        """Headers and copies of the payloads of many clips."""
+        out: list = [None] * len(indices)
+
+        def keep(pos: int, header: ClipHeader, payload: memoryview) -> None:
+            out[pos] = (header, bytes(payload))
+
+        self.visit(indices, keep)
+        return out
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
-        (value,) = self.read_values([i])
-        header, clip = decode_value(value, verify=verify)
+        """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first."""
+        got: list = []
+
+        def decode(_: int, header: ClipHeader, payload: memoryview) -> None:
+            if verify:
+                check_crc(payload, header)
+            got.append((header, np.array(codec_for_id(header.codec_id).decode(payload, header.shape))))
+
+        self.visit([i], decode)
+        header, clip = got[0]
         return ClipSample(clip, header.label, header.video_id, header.clip_index)
 
     def __getitem__(self, i):  # type: ignore[override]
@@ -173,7 +161,9 @@ class ClipStore(Sequence):
             yield self.get(i)
 
     def __getstate__(self) -> dict:
-        return self.__dict__  # environments live in the per-process cache, not here
+        state = dict(self.__dict__)
+        state["_readers"] = {}  # readers hold per-process handles: reopened where the store lands
+        return state
 
 
 def open_clips(root: str) -> ClipStore:
@@ -181,4 +171,4 @@ def open_clips(root: str) -> ClipStore:
     return ClipStore(root)
 
 
-__all__ = ["ClipSample", "ClipStore", "DatasetError", "decode_value", "open_clips", "open_env", "read_manifest"]
+__all__ = ["ClipSample", "ClipStore", "DatasetError", "open_clips", "read_manifest"]

@@ -1,23 +1,27 @@
-"""``DaliClipLoader``: the LMDB clip shards through an NVIDIA DALI pipeline.
+"""``DaliClipLoader``: a conversion's clips through an NVIDIA DALI pipeline, in the sampler's order.
 
-DALI has no reader for this format, so a picklable ``_ClipSource`` feeds
-``fn.external_source`` one sample at a time (in DALI's Python worker
-processes when ``workers > 0``). For each sample it returns the stored
-payload plus the crop the ``ClipPreset`` draws for (seed, epoch, index), so
-the DALI path and ``LmdbClipDataset`` cut the same pixels from the same clips
-in the same order (``DistributedClipSampler``'s).
+A picklable ``_ClipSource`` feeds ``fn.external_source`` one sample at a
+time (in DALI's Python worker processes when ``workers > 0``). For each
+sample it returns the stored payload of the crop's temporal window plus the
+crop the ``ClipPreset`` draws for (seed, epoch, index), so the DALI path and
+``ClipDataset`` cut the same pixels from the same clips in the same order
+(``DistributedClipSampler``'s). This is the route for LMDB shards (DALI has
+no LMDB clip reader); TFRecord conversions also have DALI's native reader
+(``loaders.dali_native``).
 
-On the GPU (``device_id`` an int) LZ4 payloads are inflated on the device
-(``fn.decoders.inflate``), raw payloads are copied up as they are, and the
-temporal window + square crop (``fn.slice``), flip (``fn.flip``) and the
-multi-scale resize (``fn.resize``) run there. With ``device_id=None`` the
-same graph runs on DALI's CPU backend; inflate has no CPU version, so LZ4 is
-decompressed in the source instead. JPEG payloads are decoded in the source
-(on the CPU) in both modes.
+The codec's own DALI stage decodes: LZ4 is inflated on the GPU (frame by
+frame: the per-frame blocks of format version 2 decode in parallel), JPEG
+by the image decoder (nvJPEG on the GPU, libjpeg-turbo in CPU mode), raw
+payloads are copied up as they are. The square crop (``fn.slice``), flip
+(``fn.flip``) and multi-scale resize (``fn.resize``) follow on the same
+device. With ``device_id=None`` the graph runs on DALI's CPU backend;
+inflate has no CPU version, so there LZ4 is decompressed in the source.
 
-Exactness: every path is bit-identical to the LMDB path except the
-multi-scale resize, which DALI computes with its own arithmetic and rounding:
-within a grey level or two of ``presets.resize_bilinear``, not equal.
+Exactness: in CPU mode every path is bit-identical to the ``ClipDataset``
+path except the multi-scale resize, which DALI computes with its own
+arithmetic and rounding (within a grey level or two of
+``presets.resize_bilinear``). On the GPU, nvJPEG's pixels differ from
+libjpeg-turbo's by a grey level or two.
 
 The pipeline reads one endless sample stream (no DALI epochs): the epoch it
 was built for, from the position it was built for, then whole epochs after
@@ -46,7 +50,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from convert.format import FormatError
+from convert.format import Codec, FormatError
 
 from .clipstore import ClipStore, DatasetError, open_clips
 from .dali_source import _ClipSource, _Order, _Stream
@@ -59,16 +63,10 @@ _FORMAT_ERROR_PREFIX = f"{FormatError.__module__}.{FormatError.__qualname__}: "
 __all__ = ["DaliClipLoader", "build_dali_loader", "gpu_self_check"]
 
 
-def _inflate_op():
-    # decoders.inflate replaced experimental.inflate (same arguments) in newer DALI.
-    decoders = getattr(fn, "decoders", None)
-    op = getattr(decoders, "inflate", None)
-    return op if op is not None else fn.experimental.inflate
-
-
-def _build_pipeline(source: _ClipSource, *, batch_size: int, device_id: int | None, workers: int, prefetch: int,
-                    start_method: str, preset: ClipPreset, normalize: bool, hint: int) -> Pipeline:
-    """The graph: source -> (inflate) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
+def _build_pipeline(source: _ClipSource, *, codec: Codec, frames: int, batch_size: int, device_id: int | None,
+                    workers: int, prefetch: int, start_method: str, preset: ClipPreset, normalize: bool,
+                    hint: int) -> Pipeline:
+    """The graph: source -> (codec's decode) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
     threads = max(1, min(4, os.cpu_count() or 1))
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0,
                     prefetch_queue_depth=prefetch, py_num_workers=max(1, workers), py_start_method=start_method)
@@ -76,18 +74,26 @@ def _build_pipeline(source: _ClipSource, *, batch_size: int, device_id: int | No
     extra = {"prefetch_queue_depth": prefetch, "bytes_per_sample_hint": hint} if parallel else {}
     with pipe:
         dtypes = [types.UINT8, types.INT32, types.INT32, types.INT32, types.INT64, types.INT64]
-        ndims = [1 if source.inflate else 4, 1, 1, 0, 0, 0]
-        if source.inflate:
-            dtypes, ndims = dtypes + [types.INT32], ndims + [1]
-        data, anchor, size, flip, label, index, *shape = fn.external_source(
+        ndims = [1 if source.in_dali else 4, 1, 1, 0, 0, 0]
+        if source.in_dali:
+            with_shape = [types.INT32] if codec.dali_uses_shape else []
+            dtypes, ndims = dtypes + with_shape + [types.INT64, types.INT64], ndims + [1] * (len(with_shape) + 2)
+        data, anchor, size, flip, label, index, *parts = fn.external_source(
             source=source, num_outputs=len(dtypes), batch=False, parallel=parallel, dtype=dtypes, ndim=ndims,
-            layout=["" if source.inflate else "FHWC"], **extra)
+            layout=["" if source.in_dali else "FHWC"], **extra)
         clips = data
         if device_id is not None:
-            clips = clips.gpu()
-            if source.inflate:
-                clips = _inflate_op()(clips, shape=shape[0], algorithm="LZ4", dtype=types.UINT8, layout="FHWC")
             label = label.gpu()
+            if not source.in_dali:
+                clips = clips.gpu()
+        if source.in_dali:
+            *shape, offsets, sizes = parts
+            shape = shape[0] if shape else None
+            where = "gpu" if device_id is not None else "cpu"
+            # The image decoder reads from the CPU ("mixed" puts its output on the GPU); inflate reads GPU memory.
+            if where == "gpu" and not codec.decode_on_host:
+                clips = clips.gpu()
+            clips = codec.dali_decode(clips, shape=shape, offsets=offsets, sizes=sizes, frames=frames, device=where)
         clips = fn.slice(clips, anchor, size, axis_names="FHW", normalized_anchor=False, normalized_shape=False,
                          out_of_bounds_policy="error")
         # Flip before the resize, as presets.apply does.
@@ -199,7 +205,7 @@ class DaliClipLoader(EpochPosition):
         self.drop_last = train if drop_last is None else drop_last
         self.store: ClipStore = open_clips(root)
         self.classes: list[str] = list(self.store.classes)
-        self.codec: str = self.store.manifest["codec"]
+        self.codec: str = self.store.manifest["codec"]  # the manifest's name; the codec object is store.codec
         stored = int(self.store.manifest["clip"]["clip_len"])
         if preset.clip_len is not None and preset.clip_len > stored:
             raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
@@ -285,10 +291,11 @@ class DaliClipLoader(EpochPosition):
             # do not exist, and hang or abort it. Collect it here first.
             gc.collect()
         self._stream = _Stream(self._order, epoch, position)
-        inflate = self.codec == "lz4" and self.device_id is not None
-        source = _ClipSource(self.store, self.preset, self._stream, inflate=inflate, verify=self.verify)
+        codec = self.store.codec
+        in_dali = codec.decode_in_dali and (self.device_id is not None or codec.dali_cpu)
+        source = _ClipSource(self.store, self.preset, self._stream, in_dali=in_dali, verify=self.verify)
         hint = int(np.prod(self._stored_shape)) + 4096 if self._stored_shape else 0
-        self._pipe = _build_pipeline(source, batch_size=self.batch_size, device_id=self.device_id,
+        self._pipe = _build_pipeline(source, codec=codec, frames=self.clip_shape[0], batch_size=self.batch_size, device_id=self.device_id,
                                      workers=self.workers, prefetch=self.prefetch, start_method=self.start_method,
                                      preset=self.preset, normalize=self.normalize, hint=max(hint, 1 << 20))
         self._next_batch = 0

@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from convert.codecs import Lz4Codec, codec_for_id
-from convert.format import FormatError, check_crc, unpack_header
+from convert.format import ClipHeader, FormatError, check_crc, codec_for_id
 
-from .clipstore import ClipStore, DatasetError
+from .clipstore import ClipStore
 from .presets import ClipPreset
 from .sampler import DistributedClipSampler
 
@@ -109,51 +108,51 @@ class _Stream:
 class _ClipSource:
     """``external_source`` callback: one stored clip and its crop for a ``SampleInfo``.
 
-    Returns (data, anchor (t0, y0, x0), size (t, h, w), flip, label, index)
-    and, when ``inflate``, the stored shape (T, H, W, C). ``data`` is then
-    the 1-D LZ4 payload (the GPU decompresses it), else the decoded
-    (T, H, W, C) frames (raw payloads are not copied here: DALI copies them
-    once).
+    Returns (data, anchor (skip, y0, x0), size (t, h, w), flip, label, index)
+    and, when ``in_dali``, the stored shape (T, H, W, C) and the byte offsets
+    and sizes of the parts DALI decodes. ``data`` is then the 1-D payload,
+    decoded by the codec's DALI stage (LZ4 inflate, or the image decoder for
+    JPEG: nvJPEG on the GPU), with only the temporal window's frames handed
+    over; otherwise the decoded window (T, H, W, C) itself.
     Stateless apart from caches, as parallel sources must be.
     """
 
-    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, inflate: bool,
+    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, in_dali: bool,
                  verify: bool) -> None:
         self.store = store
         self.preset = preset
         self.stream = stream
-        self.inflate = inflate
+        self.in_dali = in_dali
         self.verify = verify
         self.num_classes = len(store.classes)
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
-        (value,) = self.store.read_values([index])
-        try:
-            return self._sample(value, epoch, index)
-        except FormatError as exc:
-            shard, key = self.store.key(index)
-            raise DatasetError(f"{self.store.shard_paths[shard]}: {key.decode(errors='replace')}: {exc}") from exc
+        out: list = []
+        self.store.visit([index], lambda _, header, payload: out.append(self._sample(header, payload, epoch, index)))
+        return out[0]
 
-    def _sample(self, value: bytes, epoch: int, index: int) -> tuple[np.ndarray, ...]:
-        header = unpack_header(value)
+    def _sample(self, header: ClipHeader, payload: memoryview, epoch: int, index: int) -> tuple[np.ndarray, ...]:
         if self.verify:
-            check_crc(value, header)
+            check_crc(payload, header)
         if not 0 <= header.label < self.num_classes:
             raise FormatError(f"label {header.label} outside the {self.num_classes} classes of the manifest")
         try:
             p = self.preset.params(epoch, index, header.shape)
         except ValueError as exc:
             raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
-        payload = memoryview(value)[header.offset:]
-        if self.inflate:
-            if header.codec_id != Lz4Codec.id:
-                raise FormatError(f"codec id {header.codec_id} in a shard the manifest calls lz4")
-            data = np.frombuffer(payload, dtype=np.uint8)
-        else:
-            data = codec_for_id(header.codec_id).decode(payload, header.shape)
+        codec = codec_for_id(header.codec_id)
         t = p.t if p.t is not None else header.shape[0] - p.t0
-        out = (data, np.array([p.t0, p.y0, p.x0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
+        # Copies: the payload is a view into the shard, valid only inside visit().
+        if self.in_dali:
+            offsets, sizes, skip = codec.window_parts(payload, header.shape, p.t0, t)
+            data = np.array(np.frombuffer(payload, dtype=np.uint8))
+        else:
+            data, skip = np.array(codec.window(payload, header.shape, p.t0, t)), 0
+        out = (data, np.array([skip, p.y0, p.x0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
                np.array(p.flip, dtype=np.int32), np.array(header.label, dtype=np.int64),
                np.array(index, dtype=np.int64))
-        return out + (np.asarray(header.shape, dtype=np.int32),) if self.inflate else out
+        if not self.in_dali:
+            return out
+        shape = (np.asarray(header.shape, dtype=np.int32),) if codec.dali_uses_shape else ()
+        return out + shape + (offsets.astype(np.int64), sizes.astype(np.int64))

@@ -1,4 +1,6 @@
-"""``LmdbClipDataset``: the training/eval Dataset over a conversion's LMDB shards.
+"""``ClipDataset``: the training/eval Dataset over a conversion's shards (any backend).
+
+``LmdbClipDataset`` is the same class under its first name.
 
 Items come back uint8 and already cropped by the preset; normalisation waits
 for the device (``to_model_input``). Shards are opened lazily in whichever
@@ -25,7 +27,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from .clipstore import ClipStore, DatasetError, open_clips
-from .cropread import crop_value_into
+from .cropread import crop_into
 from .presets import ClipPreset
 
 
@@ -60,7 +62,7 @@ def _batch_array(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.uint8)
 
 
-class LmdbClipDataset(Dataset):
+class ClipDataset(Dataset):
     """Every clip of a conversion, in ``open_clips(root)`` order, cropped by a ``ClipPreset``.
 
     Item ``i`` (or ``(epoch, i)``, as ``DistributedClipSampler`` yields) is
@@ -160,12 +162,13 @@ class LmdbClipDataset(Dataset):
         headers: list = [None] * len(pairs)
         n_classes = len(self.classes)
 
-        def fill(pos: int, value: memoryview) -> None:
+        def fill(pos: int, header, payload: memoryview) -> None:
             epoch, i = pairs[pos]
-            headers[pos] = crop_value_into(value, out[pos], self.preset, epoch, i, num_classes=n_classes,
-                                           verify=self.verify_checksums)
+            crop_into(header, payload, out[pos], self.preset, epoch, i, num_classes=n_classes,
+                      verify=self.verify_checksums)
+            headers[pos] = header
 
-        self.store.visit_values([i for _, i in pairs], fill)
+        self.store.visit([i for _, i in pairs], fill)
         return [i for _, i in pairs], headers
 
     def __getitem__(self, item: Any) -> dict:
@@ -189,8 +192,11 @@ class LmdbClipDataset(Dataset):
         return ClipBatch(samples, collated)
 
     def __repr__(self) -> str:
-        return (f"LmdbClipDataset({self.root!r}, {len(self)} clips, {len(self.classes)} classes, "
+        return (f"ClipDataset({self.root!r}, {self.store.backend.name}, {len(self)} clips, {len(self.classes)} classes, "
                 f"out {self.clip_shape}, {self.preset})")
 
 
-__all__ = ["ClipBatch", "DatasetError", "LmdbClipDataset", "collate"]
+# The first name, from when LMDB was the only backend.
+LmdbClipDataset = ClipDataset
+
+__all__ = ["ClipBatch", "ClipDataset", "DatasetError", "LmdbClipDataset", "collate"]

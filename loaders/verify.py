@@ -13,13 +13,13 @@ from .clipstore import ClipStore, DatasetError
 
 
 def verify_store(store: ClipStore) -> dict:
-    """Recompute each value's CRC-32 and each shard's SHA-256; compare with headers and the manifest.
+    """Recompute each payload's CRC-32 and each shard's checksum; compare with headers and the manifest.
 
     Reads every byte of every shard. Returns the counts checked.
     """
     clips = 0
-    for path, meta in zip(store.shard_paths, store.manifest["shards"]):
-        problems = verify_shard(path, meta, store.manifest, decode=False)
+    for index, (path, meta) in enumerate(zip(store.shard_paths, store.manifest["shards"])):
+        problems = verify_shard(path, index, store.manifest, decode=False)
         if problems:
             raise DatasetError(f"{path}: checksum mismatch: {problems[0]}")
         clips += meta["clips"]

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import numpy as np
 
 from loaders import LmdbClipDataset, open_clips
-from loaders.clipstore import open_env
+from convert.format.lmdb import HANDLES, clip_key
 
 from .loaders_fixtures import loader_base, raw_root  # noqa: F401
 
@@ -50,7 +50,7 @@ def test_spawned_readers_return_correct_values(raw_root):
 
 def _read_in_child(path: str, key: bytes, queue) -> None:
     try:
-        with open_env(path).begin() as txn:
+        with HANDLES.get(path).begin() as txn:
             queue.put(len(txn.get(key)))
     except Exception as exc:  # report any failure to the parent, which asserts on it
         queue.put(f"{type(exc).__name__}: {exc}")
@@ -60,9 +60,10 @@ def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
     # py-lmdb's "already open in this process" registry is inherited through
     # fork; the loader closes the inherited handles in the child first.
     store = open_clips(raw_root)
-    shards, keys = store.keys([0])
+    shards, refs = store.refs([0])
     path = store.shard_paths[int(shards[0])]
-    with open_env(path).begin() as txn:
+    keys = [clip_key(*refs[0])]
+    with HANDLES.get(path).begin() as txn:
         size = len(txn.get(keys[0]))
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -71,5 +72,5 @@ def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
     got = queue.get(timeout=60)
     child.join(timeout=60)
     assert got == size
-    with open_env(path).begin() as txn:  # the parent's handle still works
+    with HANDLES.get(path).begin() as txn:  # the parent's handle still works
         assert len(txn.get(keys[0])) == size

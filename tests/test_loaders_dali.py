@@ -18,10 +18,10 @@ pytest.importorskip("nvidia.dali")
 
 import lmdb  # noqa: E402
 
-from convert.format import unpack_header  # noqa: E402
+from convert.format.lmdb import HANDLES, clip_key  # noqa: E402
 
 from loaders import ClipPreset, DistributedClipSampler, LmdbClipDataset, open_clips, to_model_input  # noqa: E402
-from loaders.clipstore import DatasetError, forget_readonly  # noqa: E402
+from loaders.clipstore import DatasetError  # noqa: E402
 from loaders.dali import DaliClipLoader, build_dali_loader, gpu_self_check  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,8 +125,8 @@ def test_multiscale_close_to_numpy_resize(shards, codec):
             assert int(diff.max()) <= 2
             assert float((diff > 0).float().mean()) < 0.02
             for k, i in enumerate(batch["index"].tolist()):
-                (value,) = store.read_values([i])
-                p = preset.params(epoch, i, unpack_header(value).shape)
+                ((header, _),) = store.payloads([i])
+                p = preset.params(epoch, i, header.shape)
                 sides.add(p.h)
                 if p.out_size is None:  # a cut already crop_size wide: DALI's resize is an identity there
                     assert torch.equal(batch["clip"][k], ref[k])
@@ -314,10 +314,10 @@ def test_damaged_value_is_a_one_line_dataset_error_naming_the_key(shards, tmp_pa
     root = str(tmp_path / "bad")
     shutil.copytree(shards["lz4"], root, ignore=shutil.ignore_patterns("lock.mdb"))
     store = open_clips(root)
-    shard, key = store.key(5)
-    path = store.shard_paths[shard]
+    shards, refs = store.refs([5])
+    path, key = store.shard_paths[int(shards[0])], clip_key(*refs[0])
     for p in store.shard_paths:
-        forget_readonly(p)  # this process's read handles, so the shard can be opened for writing
+        HANDLES.forget(p)  # this process's read handles, so the shard can be opened for writing
     env = lmdb.open(path, lock=False, map_size=os.path.getsize(os.path.join(path, "data.mdb")) * 2 + (64 << 20))
     with env.begin(write=True) as txn:
         value = bytearray(txn.get(key))

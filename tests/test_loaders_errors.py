@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from convert.format import pack_value, unpack_header
+from convert.format.layout import pack_header, unpack_header
+from convert.format.lmdb import clip_key
 from loaders import DatasetError, LmdbClipDataset, open_clips
 
 from .loaders_fixtures import copy_conversion, loader_base, raw_root, rewrite_value  # noqa: F401
@@ -23,8 +24,12 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 def _shard_and_key(root: str, i: int) -> tuple[str, bytes]:
     """Where clip ``i`` lives, read from the intact original (a damaged copy must not be opened first)."""
     store = open_clips(root)
-    shards, keys = store.keys([i])
-    return store.manifest["shards"][int(shards[0])]["path"], keys[0]
+    shards, refs = store.refs([i])
+    return store.manifest["shards"][int(shards[0])]["path"], clip_key(*refs[0])
+
+
+def pack_value(*, payload: bytes, **fields) -> bytes:
+    return pack_header(payload=payload, **fields) + payload
 
 
 def test_manifest_missing(raw_root, tmp_path):
@@ -116,7 +121,8 @@ def test_label_outside_the_class_list(raw_root, tmp_path):
     with pytest.raises(DatasetError) as exc:
         LmdbClipDataset(root, train=True)
     msg = _one_line(exc)
-    assert root in msg and "label 4 outside the 4 classes" in msg
+    # Every shard stores the class list: the edited manifest disagrees with the first shard.
+    assert os.path.join(root, "shards", "shard-00000") in msg and "shard says classes" in msg
 
 
 def test_stored_label_outside_the_class_list_is_caught_on_read(raw_root, tmp_path):

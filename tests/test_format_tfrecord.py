@@ -1,0 +1,194 @@
+"""The TFRecord backend: interop with the tfrecord package and DALI's index format, equivalence with LMDB,
+roll-over, kill -9 restart, and one-line errors naming the damaged file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from convert.format import FormatError
+from loaders import ClipDataset, open_clips
+
+from .conftest import ROOT
+from .loaders_fixtures import converted, loader_base, raw_root  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def tf_roots(synth_videos, loader_base):  # noqa: F811
+    """raw, lz4 and jpeg TFRecord conversions of the shared synthetic videos (3 shards each)."""
+    return {c: converted(synth_videos, loader_base, f"tf_{c}", codec=c, backend="tfrecord") for c in ("raw", "lz4",
+                                                                                                      "jpeg")}
+
+
+def _lmdb(synth_videos, loader_base, codec):  # noqa: F811
+    return converted(synth_videos, loader_base, codec, codec=codec)
+
+
+def _files(root: str) -> list[tuple[str, str]]:
+    manifest = json.load(open(os.path.join(root, "manifest.json")))
+    return [(os.path.join(root, s["path"], f["path"]), os.path.join(root, s["path"], f["index"]))
+            for s in manifest["shards"] for f in s["files"]]
+
+
+def test_records_parse_with_the_tfrecord_package_and_indexes_equal_tfrecord2idx(tf_roots, tmp_path):
+    import tfrecord
+    from tfrecord.tools.tfrecord2idx import create_index
+
+    for codec, root in tf_roots.items():
+        store = open_clips(root)
+        seen = []
+        for data, idx in _files(root):
+            fresh = str(tmp_path / "fresh.idx")
+            create_index(data, fresh)
+            assert open(fresh).read() == open(idx).read()
+            for ex in tfrecord.tfrecord_loader(data, None):  # with an index it starts at a random record
+                seen.append((bytes(ex["video_id"]).decode(), int(ex["clip_index"][0]), int(ex["label"][0]),
+                             ex["shape"].tolist()))
+        want = [(store[i].video_id, store[i].clip_index, store[i].label, list(store[i].clip.shape))
+                for i in range(len(store))]
+        # Files hold each shard's videos in plan order, which is reading order here.
+        assert seen == want, codec
+
+
+@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg"])
+def test_lmdb_and_tfrecord_hold_identical_clips_and_checksums(tf_roots, synth_videos, loader_base, codec):  # noqa: F811
+    a, b = open_clips(_lmdb(synth_videos, loader_base, codec)), open_clips(tf_roots[codec])
+    assert len(a) == len(b) > 0
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert (x.video_id, x.clip_index, x.label) == (y.video_id, y.clip_index, y.label)
+        assert np.array_equal(x.clip, y.clip)
+    assert [s["sha256"] for s in a.manifest["shards"]] == [s["sha256"] for s in b.manifest["shards"]]
+    # The Dataset (crops, flips) gives equal tensors on both backends.
+    da, db = ClipDataset(a.root, train=True, seed=5), ClipDataset(b.root, train=True, seed=5)
+    items = [(2, i) for i in range(len(a))]
+    assert np.array_equal(da.__getitems__(items).collated["clip"].numpy(),
+                          db.__getitems__(items).collated["clip"].numpy())
+
+
+def test_parts_roll_over_at_the_target_size(synth_videos, tf_roots, tmp_path):
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+    from convert.supervise import ShardOptions
+    from convert.verify import verify
+
+    out = str(tmp_path / "small_parts")
+    run_job(synth_videos, out, ConvertConfig(codec="lz4", backend="tfrecord"),
+            JobOptions(workers=2, shards=3, progress=False, shard=ShardOptions(part_bytes=2 << 20)))
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    for shard in manifest["shards"]:
+        sizes = [f["bytes"] for f in shard["files"]]
+        assert len(sizes) > 1 and all(s >= 2 << 20 for s in sizes[:-1])
+        assert sum(f["records"] for f in shard["files"]) == shard["clips"]
+    assert verify(out)[0] == []
+    reference, store = open_clips(tf_roots["lz4"]), open_clips(out)  # the same, in one file per shard
+    assert [s["sha256"] for s in store.manifest["shards"]] == [s["sha256"] for s in reference.manifest["shards"]]
+    assert all(np.array_equal(store[i].clip, reference[i].clip) for i in range(0, len(store), 7))
+
+
+def _start(src: str, out: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "convert", src, out, "--workers", "2", "--shards", "3", "--no-progress",
+         "--backend", "tfrecord", "--codec", "lz4", "--part-size", "1"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _commits(out: str) -> int:
+    shards = os.path.join(out, "shards")
+    return sum(1 for d in (os.listdir(shards) if os.path.isdir(shards) else [])
+               for f in os.listdir(os.path.join(shards, d)) if f.startswith("part-") and f.endswith(".json"))
+
+
+def _tree(out: str) -> dict[str, bytes]:
+    shards = os.path.join(out, "shards")
+    return {os.path.join(d, f): open(os.path.join(shards, d, f), "rb").read()
+            for d in sorted(os.listdir(shards)) for f in sorted(os.listdir(os.path.join(shards, d)))}
+
+
+def test_kill_9_then_rerun_gives_identical_files_and_manifest(synth_videos, tmp_path):
+    clean = str(tmp_path / "clean")
+    assert _start(synth_videos, clean).wait(timeout=300) == 0
+    out = str(tmp_path / "killed")
+    kills = 0
+    for _ in range(4):
+        proc = _start(synth_videos, out)
+        before = _commits(out)  # with --part-size 1 every video is a committed part
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and _commits(out) <= before:
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    assert kills >= 2 and 0 < _commits(out) < 20
+    assert _start(synth_videos, out).wait(timeout=300) == 0
+    assert _tree(out) == _tree(clean)
+    ma, mb = (json.load(open(os.path.join(d, "manifest.json"))) for d in (clean, out))
+    for m in (ma, mb):
+        m.pop("created")
+        m["source"].pop("path")
+    assert ma == mb
+
+
+@pytest.fixture()
+def damaged(tf_roots, tmp_path):
+    root = str(tmp_path / "damaged")
+    shutil.copytree(tf_roots["raw"], root)
+    data, idx = _files(root)[0]
+    return root, data, idx
+
+
+def _one_line_error(root: str) -> str:
+    with pytest.raises(FormatError) as info:
+        store = open_clips(root)
+        for i in range(len(store)):
+            store.get(i, verify=True)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_truncated_record_file_names_the_file(damaged):
+    root, data, _ = damaged
+    os.truncate(data, os.path.getsize(data) - 100)
+    msg = _one_line_error(root)
+    assert data in msg and "truncated" in msg
+
+
+def test_flipped_byte_is_caught_by_the_record_crc(damaged):
+    from convert.verify import verify
+
+    root, data, _ = damaged
+    with open(data, "r+b") as fh:
+        fh.seek(os.path.getsize(data) // 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    problems, _ = verify(root)
+    assert any(data in p and "CRC mismatch" in p for p in problems), problems
+    msg = _one_line_error(root)  # the payload's CRC-32, on a checked read
+    assert data.rsplit("/", 1)[1] in msg and "crc32" in msg
+
+
+def test_missing_or_stale_index_names_the_index_file(damaged):
+    root, data, idx = damaged
+    lines = open(idx).read().splitlines()
+    with open(idx, "w") as fh:  # stale: one record short
+        fh.write("\n".join(lines[:-1]) + "\n")
+    msg = _one_line_error(root)
+    assert idx in msg and "stale" in msg
+    with open(idx, "w") as fh:  # stale: offsets of another file
+        fh.write("\n".join(f"{int(a) + 1} {b}" for a, b in (line.split() for line in lines)) + "\n")
+    assert idx in _one_line_error(root)
+    os.remove(idx)
+    msg = _one_line_error(root)
+    assert idx in msg and "missing" in msg and "tfrecord2idx" in msg
