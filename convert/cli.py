@@ -51,7 +51,8 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    "file defaults to its own folder). Entries must resolve inside it")
     g.add_argument("--split", help="CSV only: keep rows whose 'split' column equals this (train, val, test)")
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
-                   help="class names, one per line, fixing label order (default: sorted names found)")
+                   help="class names, one per line, fixing label order (default: the sorted labels of every row "
+                   "of a CSV, all splits; of the entries found otherwise)")
     g = p.add_argument_group("output")
     g.add_argument("--backend", default="lmdb", choices=BACKENDS, help="shard store (default lmdb)")
     g.add_argument("--codec", default="raw", choices=list(CODECS),

@@ -175,7 +175,12 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
         entries.append((stem, path, row["label"]))
     if not entries and not problems:
         raise SourceError(f"{csv_path}: no rows" + (f" with split {split!r}" if split else ""))
-    return _finish("csv", entries, _read_classes(classes_file), problems)
+    classes = _read_classes(classes_file)
+    if classes is None:
+        # Every row, whatever its split or state: the train and val conversions of
+        # one CSV then share one class list even when a split lacks a class.
+        classes = sorted({row["label"] for _, row in rows if row["label"]})
+    return _finish("csv", entries, classes, problems)
 
 
 def from_list(list_path: str, videos: str | None = None, *, classes_file: str | None = None) -> Source:

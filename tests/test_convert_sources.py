@@ -166,3 +166,21 @@ def test_csv_that_the_csv_module_cannot_parse_is_one_clear_error(tmp_path):
     csv.write_text(CSV_HEADER + "dance,a,1,11,train\n" + "dance," + "x" * 200_000 + ",1,11,train\n")
     with pytest.raises(SourceError, match=r"k.csv: not readable as CSV after line 2: field larger than field limit"):
         from_csv(str(csv), str(tmp_path))
+
+
+def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
+    root = tmp_path / "v"
+    for stem in ("t1_000000_000010", "t2_000000_000010", "t3_000000_000010", "v1_000000_000010"):
+        _touch_video(str(root / f"{stem}.mp4"))
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "juggling,t1,0,10,train\nbowling,t2,0,10,train\nzumba,t3,0,10,train\n"
+                   + "zumba,v1,0,10,val\n" + "archery,t4,0,10,test\n")  # no video: its class still counts
+    train = from_csv(str(csv), str(root), split="train")
+    val = from_csv(str(csv), str(root), split="val")
+    assert train.classes == val.classes == ["archery", "bowling", "juggling", "zumba"]
+    assert [(it.id, it.label) for it in val.items] == [("v1_000000_000010", 3)]
+    assert [(it.id, it.label) for it in train.items] == [("t1_000000_000010", 2), ("t2_000000_000010", 1),
+                                                         ("t3_000000_000010", 3)]
+    (tmp_path / "classes.txt").write_text("zumba\njuggling\nbowling\n")
+    fixed = from_csv(str(csv), str(root), split="val", classes_file=str(tmp_path / "classes.txt"))
+    assert fixed.classes == ["zumba", "juggling", "bowling"] and fixed.items[0].label == 0
