@@ -8,20 +8,26 @@ the shards hold, so its presence means the job is complete.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Iterator
 
 from joblib import Parallel, delayed, parallel_config
 
 from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR
 from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan, write_json_atomic
-from .sources import load_source
+from .sources import Source, load_source
 from .supervise import ShardOptions, run_shard
 from .writers import WRITERS
+
+# OUT/.lock: held (flock) by the job converting into OUT, and naming it.
+LOCK = ".lock"
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,47 @@ def check_out(out: str, config: ConvertConfig) -> None:
             raise PlanError(f"{out}: holds a {m.get('format')!r} dataset, not {FORMAT_NAME}; use another OUT")
         if m.get("backend") != config.backend:
             raise PlanError(f"{out}: holds {m.get('backend')} shards, asked for {config.backend}; use another OUT")
-    elif not os.path.exists(os.path.join(out, PLAN)) and os.listdir(out):
+    elif not os.path.exists(os.path.join(out, PLAN)) and not os.path.exists(os.path.join(out, LOCK)) \
+            and os.listdir(out):
+        # A lock file without a plan: a job that started here and has not written its plan yet.
         raise PlanError(f"{out}: not empty and holds no conversion; use an empty or new folder")
+
+
+def _holder(path: str) -> str:
+    """Who holds the lock, as its JSON says; the holder may be a moment away from writing it."""
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError), open(path) as fh:
+            who = json.load(fh)
+            return f"host {who['host']}, pid {who['pid']}, since {who['started']}"
+        time.sleep(0.1)
+    return "holder unknown"
+
+
+@contextlib.contextmanager
+def hold_out(out: str) -> Iterator[None]:
+    """Hold OUT's exclusive lock for the job's lifetime, or raise PlanError naming the holder.
+
+    flock belongs to the open file, so the kernel releases it when the holding
+    process dies however it dies (kill -9 included): a stale lock file is simply
+    taken over by the next job. The file is never deleted, because a job that
+    opened it just before a delete would lock an inode no one else sees.
+    """
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
+                            f"wait for it to end, or use another OUT") from None
+        who = {"host": socket.gethostname(), "pid": os.getpid(),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(who).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _cpu_count() -> int:
@@ -61,8 +106,8 @@ def _cpu_count() -> int:
 
 
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
-            split: str | None = None, classes_file: str | None = None) -> Plan:
-    """Check arguments, read the source and write (or reuse) the plan."""
+            split: str | None = None, classes_file: str | None = None, source: Source | None = None) -> Plan:
+    """Check arguments, read the source (unless given) and write (or reuse) the plan."""
     check_out(out, config)
     source_info = {"path": os.path.abspath(src), "videos": os.path.abspath(videos) if videos else None,
                    "split": split}
@@ -70,7 +115,8 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     if existing is not None:
         check_same(existing, config, source_info, out)
         return existing
-    source = load_source(src, videos=videos, split=split, classes_file=classes_file)
+    if source is None:
+        source = load_source(src, videos=videos, split=split, classes_file=classes_file)
     source_info["kind"] = source.kind
     workers = opts.workers or _cpu_count()
     n_shards = opts.shards or default_shards(len(source.items), workers)
@@ -179,22 +225,33 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     return manifest
 
 
-def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, **source_kw) -> dict:
-    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing)."""
-    plan = prepare(src, out, config, opts, **source_kw)
-    manifest_path = os.path.join(out, MANIFEST)
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as fh:
-            manifest = json.load(fh)
-        return {**manifest, "already_complete": True, "seconds": 0.0}
-    total = sum(len(s) for s in plan.shards)
-    t0 = time.monotonic()
-    bar = _ProgressBar(out, total, opts.progress)
-    bar.start()
-    try:
-        summaries = run_shards(out, plan, opts)
-    finally:
-        bar.stop.set()
-        bar.join()
-    manifest = finalize(out, plan, summaries)
-    return {**manifest, "already_complete": False, "seconds": time.monotonic() - t0}
+def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
+            split: str | None = None, classes_file: str | None = None) -> dict:
+    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing).
+
+    One job at a time per OUT: a second one raises PlanError naming the first.
+    """
+    check_out(out, config)  # before OUT or its lock file is created
+    source = None
+    if not os.path.exists(os.path.join(out, PLAN)):
+        # Read the source before creating OUT, so a bad source leaves nothing behind.
+        source = load_source(src, videos=videos, split=split, classes_file=classes_file)
+    with hold_out(out):
+        plan = prepare(src, out, config, opts, videos=videos, split=split, classes_file=classes_file,
+                       source=source)
+        manifest_path = os.path.join(out, MANIFEST)
+        if os.path.exists(manifest_path):
+            with open(manifest_path) as fh:
+                manifest = json.load(fh)
+            return {**manifest, "already_complete": True, "seconds": 0.0}
+        total = sum(len(s) for s in plan.shards)
+        t0 = time.monotonic()
+        bar = _ProgressBar(out, total, opts.progress)
+        bar.start()
+        try:
+            summaries = run_shards(out, plan, opts)
+        finally:
+            bar.stop.set()
+            bar.join()
+        manifest = finalize(out, plan, summaries)
+        return {**manifest, "already_complete": False, "seconds": time.monotonic() - t0}

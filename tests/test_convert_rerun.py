@@ -1,0 +1,77 @@
+"""Reruns and concurrency on one OUT: the lock, missing shards, new source entries, retrying failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT
+
+# class folder -> shared files in it: a few seconds to convert in all
+TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_buck_bunny_432_433.webm",
+                                                                 "mmaction2__test.avi"]}
+
+
+@pytest.fixture()
+def tiny_tree(tmp_path, shared_videos) -> str:
+    """Class folders of symlinks to shared videos (read in place); per test, so tests may add to it."""
+    root = tmp_path / "src"
+    for cls, names in TINY.items():
+        (root / cls).mkdir(parents=True)
+        for name in names:
+            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+    return str(root)
+
+
+def _popen(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "convert", *args, "--no-progress"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_two_jobs_at_once_one_runs_the_other_names_it(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    # The hang keeps the winner busy for the timeout, so the two surely overlap.
+    env = {"CONVERT_TEST_FAULT": "hang:a/mmcv__test"}
+    args = (tiny_tree, out, "--workers", "2", "--shards", "2", "--video-timeout", "3", "--retries", "0")
+    procs = [_popen(*args, env=env) for _ in range(2)]
+    results = [(p, *p.communicate(timeout=120)) for p in procs]
+    codes = sorted(p.returncode for p, _, _ in results)
+    assert codes == [0, 2], [(p.returncode, err) for p, _, err in results]
+    winner = next(p for p, _, _ in results if p.returncode == 0)
+    _, _, err = next(r for r in results if r[0].returncode == 2)
+    assert err.count("\n") == 1
+    assert f"{out}: another conversion is writing it (host {socket.gethostname()}, pid {winner.pid}, since " in err
+    manifest = json.loads(open(os.path.join(out, "manifest.json")).read())
+    assert manifest["status_counts"] == {"failed": 1, "ok": 3}
+    assert _cli("verify", out).returncode == 0
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
+
+
+def test_a_killed_jobs_lock_is_taken_over(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    proc = _popen(tiny_tree, out, "--workers", "1", "--video-timeout", "60",
+                  env={"CONVERT_TEST_FAULT": "hang:a/mmcv__test"})
+    lock = os.path.join(out, ".lock")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (os.path.exists(lock) and f'"pid": {proc.pid}' in open(lock).read()):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads(open(lock).read())["pid"] == proc.pid  # the dead job's name is still in the file
+    r = _cli(tiny_tree, out, "--workers", "1", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(open(os.path.join(out, "manifest.json")).read())["status_counts"] == {"ok": 4}
+    assert _cli("verify", out).returncode == 0
