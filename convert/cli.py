@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         from .job import run_job
 
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
-                         classes_file=args.classes_file)
+                         classes_file=args.classes_file, say=lambda note: print(f"convert: {note}", file=sys.stderr))
     except (SourceError, PlanError, ValueError, OSError) as exc:
         print(f"convert: error: {exc}", file=sys.stderr)
         return 2

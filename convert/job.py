@@ -16,11 +16,11 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from joblib import Parallel, delayed, parallel_config
 
-from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR
+from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, shard_name
 from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan, write_json_atomic
 from .sources import Source, load_source
 from .supervise import ShardOptions, run_shard
@@ -129,17 +129,18 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
 class _ProgressBar(threading.Thread):
     """Polls the shards' progress files and drives one tqdm bar in the parent."""
 
-    def __init__(self, out: str, total: int, enabled: bool) -> None:
+    def __init__(self, out: str, total: int, enabled: bool, shards: set[str] | None = None) -> None:
         super().__init__(daemon=True)
         self.dir = os.path.join(out, PROGRESS_DIR)
         self.total, self.enabled = total, enabled
+        self.shards = shards  # None: every shard's file; else only these shards run now
         self.stop = threading.Event()
 
     def _read(self) -> dict:
         agg: Counter = Counter()
         if os.path.isdir(self.dir):
             for name in os.listdir(self.dir):
-                if name.endswith(".json"):
+                if name.endswith(".json") and (self.shards is None or name[:-5] in self.shards):
                     with contextlib.suppress(OSError, ValueError), open(os.path.join(self.dir, name)) as fh:
                         agg.update(json.load(fh))
         return agg
@@ -162,9 +163,11 @@ class _ProgressBar(threading.Thread):
                     return
 
 
-def run_shards(out: str, plan: Plan, opts: JobOptions) -> list[dict]:
+def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None) -> list[dict]:
+    """Run the shards ``indices`` (default: all of the plan); their summaries, in any order."""
     workers = opts.workers or _cpu_count()
-    tasks = [delayed(run_shard)(out, i, len(items), opts.shard) for i, items in enumerate(plan.shards)]
+    indices = range(len(plan.shards)) if indices is None else sorted(indices)
+    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
 
@@ -225,12 +228,40 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     return manifest
 
 
+def _missing_shards(out: str, plan: Plan) -> list[int]:
+    """Shards of the plan whose folder or data file is gone (say, deleted after the job finished)."""
+    reader = WRITERS[plan.config.backend]
+    missing = []
+    for i in range(len(plan.shards)):
+        path = plan.shard_path(out, i)
+        try:
+            reader.read_done(path)
+        except FileNotFoundError:
+            missing.append(i)
+        except Exception as exc:  # noqa: BLE001 - any backend's error: damaged, not missing
+            raise PlanError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); "
+                            f"see python -m convert verify {out}") from exc
+    return missing
+
+
+def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
+    """The manifest's entries for the shards that are not run again, as run_shard returns them."""
+    by_name = {s["name"]: s for s in manifest["shards"]}
+    return [{"index": i, **{k: by_name[shard_name(i)][k] for k in ("videos", "clips", "value_bytes", "sha256")}}
+            for i in range(len(plan.shards)) if i not in redo]
+
+
 def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
-            split: str | None = None, classes_file: str | None = None) -> dict:
+            split: str | None = None, classes_file: str | None = None,
+            say: Callable[[str], None] | None = None) -> dict:
     """Convert ``src`` into shards under ``out``; returns the manifest (plus timing).
 
     One job at a time per OUT: a second one raises PlanError naming the first.
+    On a finished OUT, shards that have gone missing are converted again (the
+    others are not touched) and the manifest is rewritten. ``say`` receives
+    one-line notes about such repairs.
     """
+    say = say or (lambda message: None)
     check_out(out, config)  # before OUT or its lock file is created
     source = None
     if not os.path.exists(os.path.join(out, PLAN)):
@@ -240,18 +271,38 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         plan = prepare(src, out, config, opts, videos=videos, split=split, classes_file=classes_file,
                        source=source)
         manifest_path = os.path.join(out, MANIFEST)
+        redo: set[int] | None = None  # None: every shard (an unfinished job)
+        kept: list[dict] = []
+        notes = {}
         if os.path.exists(manifest_path):
             with open(manifest_path) as fh:
                 manifest = json.load(fh)
-            return {**manifest, "already_complete": True, "seconds": 0.0}
-        total = sum(len(s) for s in plan.shards)
+            listed = {s["name"] for s in manifest["shards"]}
+            missing = _missing_shards(out, plan)
+            unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
+            redo = set(missing) | set(unlisted)
+            if not redo:
+                return {**manifest, "already_complete": True, "seconds": 0.0}
+            if missing:
+                notes["missing_shards"] = [shard_name(i) for i in missing]
+                say(f"{out}: {len(missing)} shard(s) missing ({', '.join(notes['missing_shards'])}); "
+                    f"converting them again, the other shards are kept as they are")
+            if unlisted:
+                notes["unlisted_shards"] = [shard_name(i) for i in unlisted]
+                say(f"{out}: {len(unlisted)} shard(s) not in the manifest "
+                    f"({', '.join(notes['unlisted_shards'])}); finishing them")
+            kept = _kept_summaries(plan, manifest, redo)
+            # From here until the new manifest, OUT is an unfinished job: a kill
+            # leaves it for a plain rerun to complete, never a stale manifest.
+            os.remove(manifest_path)
+        total = sum(len(plan.shards[i]) for i in (range(len(plan.shards)) if redo is None else redo))
         t0 = time.monotonic()
-        bar = _ProgressBar(out, total, opts.progress)
+        bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
         bar.start()
         try:
-            summaries = run_shards(out, plan, opts)
+            summaries = run_shards(out, plan, opts, redo)
         finally:
             bar.stop.set()
             bar.join()
-        manifest = finalize(out, plan, summaries)
-        return {**manifest, "already_complete": False, "seconds": time.monotonic() - t0}
+        manifest = finalize(out, plan, kept + summaries)
+        return {**manifest, **notes, "already_complete": False, "seconds": time.monotonic() - t0}

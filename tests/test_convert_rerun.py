@@ -75,3 +75,46 @@ def test_a_killed_jobs_lock_is_taken_over(tiny_tree, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(open(os.path.join(out, "manifest.json")).read())["status_counts"] == {"ok": 4}
     assert _cli("verify", out).returncode == 0
+
+
+def _files(out: str) -> dict:
+    """Bytes and mtime of every file under OUT/shards."""
+    found = {}
+    for dirpath, _, names in os.walk(os.path.join(out, "shards")):
+        for name in names:
+            p = os.path.join(dirpath, name)
+            found[os.path.relpath(p, out)] = (open(p, "rb").read(), os.stat(p).st_mtime_ns)
+    return found
+
+
+def _manifest(out: str) -> dict:
+    m = json.loads(open(os.path.join(out, "manifest.json")).read())
+    m.pop("created")
+    return m
+
+
+def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp_path):
+    import shutil
+
+    out = str(tmp_path / "out")
+    assert _cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    first, before = _manifest(out), _files(out)
+    shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
+    r = _cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"convert: {out}: 1 shard(s) missing (shard-00001); converting them again" in r.stderr
+    assert "already complete" not in r.stdout
+    after = _files(out)
+    assert {k: v for k, v in after.items() if "shard-00000" in k} == {k: v for k, v in before.items()
+                                                                      if "shard-00000" in k}
+    assert _manifest(out) == first
+    # A shard folder whose data file alone is gone counts as missing too.
+    os.remove(os.path.join(out, "shards", "shard-00000", "data.mdb"))
+    r = _cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 0 and "(shard-00000)" in r.stderr, r.stderr
+    assert {k: v for k, v in _files(out).items() if "shard-00001" in k} == {k: v for k, v in after.items()
+                                                                            if "shard-00001" in k}
+    assert _manifest(out) == first
+    assert _cli("verify", out).returncode == 0
+    r = _cli(tiny_tree, out, "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout
