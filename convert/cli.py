@@ -53,6 +53,10 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
                    help="class names, one per line, fixing label order (default: the sorted labels of every row "
                    "of a CSV, all splits; of the entries found otherwise)")
+    g.add_argument("--add-new", action="store_true",
+                   help="rerun only: convert the videos the source holds but the plan lacks (added since the "
+                        "first run) into new shards; the existing shards are kept byte for byte (--shards then "
+                        "sets how many new shards)")
     g = p.add_argument_group("output")
     g.add_argument("--backend", default="lmdb", choices=BACKENDS, help="shard store (default lmdb)")
     g.add_argument("--codec", default="raw", choices=list(CODECS),
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         from .job import run_job
 
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
-                         classes_file=args.classes_file, say=lambda note: print(f"convert: {note}", file=sys.stderr))
+                         classes_file=args.classes_file, add_new=args.add_new, say=lambda note: print(f"convert: {note}", file=sys.stderr))
     except (SourceError, PlanError, ValueError, OSError) as exc:
         print(f"convert: error: {exc}", file=sys.stderr)
         return 2

@@ -21,8 +21,9 @@ from typing import Callable, Iterable, Iterator
 from joblib import Parallel, delayed, parallel_config
 
 from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, shard_name
-from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan, write_json_atomic
-from .sources import Source, load_source
+from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
+                   write_json_atomic)
+from .sources import Source, SourceError, load_source
 from .supervise import ShardOptions, run_shard
 from .writers import WRITERS
 
@@ -251,38 +252,52 @@ def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
             for i in range(len(plan.shards)) if i not in redo]
 
 
+def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], None], **source_kw
+                       ) -> Source | None:
+    """The source as it is now (a rerun looks for videos added since the plan); None if unreadable and not required."""
+    try:
+        return load_source(src, **source_kw)
+    except (SourceError, OSError) as exc:
+        if required:
+            raise
+        say(f"{out}: cannot read the source to look for new videos ({exc}); going on with the plan")
+        return None
+
+
 def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
-            split: str | None = None, classes_file: str | None = None,
+            split: str | None = None, classes_file: str | None = None, add_new: bool = False,
             say: Callable[[str], None] | None = None) -> dict:
-    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing).
+    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing and notes).
 
     One job at a time per OUT: a second one raises PlanError naming the first.
     On a finished OUT, shards that have gone missing are converted again (the
-    others are not touched) and the manifest is rewritten. ``say`` receives
-    one-line notes about such repairs.
+    others are not touched) and the manifest is rewritten. Videos the source
+    holds but the plan lacks are counted, and with ``add_new`` converted into
+    new shards. ``say`` receives one-line notes about all of this.
     """
     say = say or (lambda message: None)
+    source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
     check_out(out, config)  # before OUT or its lock file is created
     source = None
-    if not os.path.exists(os.path.join(out, PLAN)):
+    rerun = os.path.exists(os.path.join(out, PLAN))
+    if not rerun:
         # Read the source before creating OUT, so a bad source leaves nothing behind.
-        source = load_source(src, videos=videos, split=split, classes_file=classes_file)
+        source = load_source(src, **source_kw)
     with hold_out(out):
-        plan = prepare(src, out, config, opts, videos=videos, split=split, classes_file=classes_file,
-                       source=source)
+        plan = prepare(src, out, config, opts, source=source, **source_kw)
+        if rerun:
+            source = _read_source_again(src, out, add_new, say, **source_kw)
         manifest_path = os.path.join(out, MANIFEST)
+        finished = os.path.exists(manifest_path)
         redo: set[int] | None = None  # None: every shard (an unfinished job)
-        kept: list[dict] = []
-        notes = {}
-        if os.path.exists(manifest_path):
+        notes: dict = {}
+        if finished:
             with open(manifest_path) as fh:
                 manifest = json.load(fh)
             listed = {s["name"] for s in manifest["shards"]}
             missing = _missing_shards(out, plan)
             unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
             redo = set(missing) | set(unlisted)
-            if not redo:
-                return {**manifest, "already_complete": True, "seconds": 0.0}
             if missing:
                 notes["missing_shards"] = [shard_name(i) for i in missing]
                 say(f"{out}: {len(missing)} shard(s) missing ({', '.join(notes['missing_shards'])}); "
@@ -291,10 +306,35 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
                 notes["unlisted_shards"] = [shard_name(i) for i in unlisted]
                 say(f"{out}: {len(unlisted)} shard(s) not in the manifest "
                     f"({', '.join(notes['unlisted_shards'])}); finishing them")
+        if rerun and source is not None:
+            planned = {it.id for shard in plan.shards for it in shard}
+            new = sum(it.id not in planned for it in source.items)
+            if new and add_new:
+                first = len(plan.shards)
+                n_shards = opts.shards or default_shards(new, opts.workers or _cpu_count())
+                try:
+                    add_shards(plan, source, n_shards)
+                except PlanError as exc:
+                    raise PlanError(f"{out}: {exc}") from None
+                write_json_atomic(os.path.join(out, PLAN), plan.to_dict())
+                notes["added_videos"] = new
+                if redo is not None:
+                    redo |= set(range(first, len(plan.shards)))
+                say(f"{out}: adding {new} new video(s) as {len(plan.shards) - first} new shard(s), "
+                    f"{shard_name(first)} to {shard_name(len(plan.shards) - 1)}; the other shards are kept")
+            elif new:
+                notes["new_in_source"] = new
+                say(f"{out}: {new} video(s) in the source are not in the plan; rerun with --add-new "
+                    f"to convert them into new shards")
+        if finished:
+            if not redo:
+                return {**manifest, **notes, "already_complete": True, "seconds": 0.0}
             kept = _kept_summaries(plan, manifest, redo)
             # From here until the new manifest, OUT is an unfinished job: a kill
             # leaves it for a plain rerun to complete, never a stale manifest.
             os.remove(manifest_path)
+        else:
+            kept = []
         total = sum(len(plan.shards[i]) for i in (range(len(plan.shards)) if redo is None else redo))
         t0 = time.monotonic()
         bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})

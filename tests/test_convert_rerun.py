@@ -118,3 +118,45 @@ def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp
     assert _cli("verify", out).returncode == 0
     r = _cli(tiny_tree, out, "--no-progress")
     assert r.returncode == 0 and "already complete" in r.stdout
+
+
+def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tree, tmp_path, shared_videos):
+    from loaders import open_clips
+
+    out = str(tmp_path / "out")
+    assert _cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    first, before = _manifest(out), _files(out)
+    for cls, name in (("a", "mmaction2__demo.mp4"), ("b", "moviepy__no_duration.webm")):
+        os.symlink(os.path.join(shared_videos, name), os.path.join(tiny_tree, cls, name))
+    r = _cli(tiny_tree, out, "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout
+    assert (f"convert: {out}: 2 video(s) in the source are not in the plan; rerun with --add-new "
+            f"to convert them into new shards\n") in r.stderr
+    assert _files(out) == before
+
+    r = _cli(tiny_tree, out, "--workers", "2", "--add-new", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"adding 2 new video(s) as 2 new shard(s), shard-00002 to shard-00003" in r.stderr
+    assert _files(out).items() >= before.items()  # every old shard file, byte for byte and untouched
+    plan = json.loads(open(os.path.join(out, "plan.json")).read())
+    assert [s["name"] for s in plan["shards"]] == [f"shard-0000{i}" for i in range(4)]
+    assert plan["added"] == [{"first_shard": 2, "shards": 2, "videos": 2}]
+    assert sorted(it[0] for s in plan["shards"][2:] for it in s["items"]) == ["a/mmaction2__demo",
+                                                                            "b/moviepy__no_duration"]
+    m = _manifest(out)
+    assert [s["name"] for s in m["shards"]] == [s["name"] for s in plan["shards"]]
+    assert m["shards"][:2] == first["shards"]
+    assert m["totals"]["videos"] == 6 and m["totals"]["clips"] == first["totals"]["clips"] + 17 + 4
+    assert m["status_counts"] == {"ok": 6}
+    assert {"a/mmaction2__demo", "b/moviepy__no_duration"} <= set(open_clips(out).video_ids)
+    assert _cli("verify", out).returncode == 0
+    r = _cli(tiny_tree, out, "--add-new", "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout and "not in the plan" not in r.stderr
+    # A new class would shift the labels already stored: refused, nothing touched.
+    os.makedirs(os.path.join(tiny_tree, "c"))
+    os.symlink(os.path.join(shared_videos, "torchcodec__h265_video.mp4"), os.path.join(tiny_tree, "c", "h.mp4"))
+    done = _files(out)
+    r = _cli(tiny_tree, out, "--add-new", "--no-progress")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"{out}: the source's class list differs from the plan's (new: c); adding videos cannot relabel" in r.stderr
+    assert _files(out) == done
