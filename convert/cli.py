@@ -48,7 +48,9 @@ def parse_bytes(text: str) -> int:
 def add_convert_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("source")
     g.add_argument("--videos", metavar="DIR", help="video root for a CSV or list file (a CSV needs it; a list "
-                   "file defaults to its own folder). Entries must resolve inside it")
+                   "file defaults to its own folder). Entries are checked lexically, after normalising '..': "
+                   "one that leaves the root is rejected; symlinks inside the root are followed wherever they "
+                   "point, by design")
     g.add_argument("--split", help="CSV only: keep rows whose 'split' column equals this (train, val, test)")
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
                    help="class names, one per line, fixing label order (default: the sorted labels of every row "

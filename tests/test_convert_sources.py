@@ -184,3 +184,23 @@ def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
     (tmp_path / "classes.txt").write_text("zumba\njuggling\nbowling\n")
     fixed = from_csv(str(csv), str(root), split="val", classes_file=str(tmp_path / "classes.txt"))
     assert fixed.classes == ["zumba", "juggling", "bowling"] and fixed.items[0].label == 0
+
+
+def test_videos_root_check_is_lexical_and_follows_symlinks_as_the_help_says(tmp_path):
+    from convert.cli import build_parser
+
+    outside = tmp_path / "elsewhere" / "real.mp4"
+    _touch_video(str(outside))
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(outside, root / "linked.mp4")                  # inside the root, pointing out of it
+    lst = tmp_path / "list.txt"
+    lst.write_text("linked.mp4 0\nsub/../linked.mp4 0\n../elsewhere/real.mp4 0\n")
+    src = from_list(str(lst), str(root))
+    assert [(it.id, it.path) for it in src.items] == [("linked", str(root / "linked.mp4"))]
+    assert [(p.id, p.reason) for p in src.problems] == [
+        ("../elsewhere/real", f"line 3: path escapes the video root {root}"),
+        ("linked", "duplicate video id")]
+    help_text = " ".join(build_parser().format_help().split())
+    assert ("Entries are checked lexically, after normalising '..': one that leaves the root is rejected; "
+            "symlinks inside the root are followed wherever they point, by design") in help_text
