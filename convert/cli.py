@@ -18,7 +18,7 @@ from .clips import SHORT_POLICIES
 from .codecs import CODECS
 from .plan import BACKENDS, DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
-from .supervise import ShardOptions
+from .supervise import ShardFailed, ShardOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -173,5 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SourceError, PlanError, ValueError, OSError) as exc:
         print(f"convert: error: {exc}", file=sys.stderr)
         return 2
+    except ShardFailed as exc:
+        # Not the user's input: a shard's store or process; the log named holds the rest.
+        print(f"convert: error: {exc}", file=sys.stderr)
+        return 1
     print_summary(args.out, result, args.json)
     return 0

@@ -160,3 +160,30 @@ def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tre
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert f"{out}: the source's class list differs from the plan's (new: c); adding videos cannot relabel" in r.stderr
     assert _files(out) == done
+
+
+def test_a_shard_that_cannot_start_reports_the_cause_from_its_log(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    assert _cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    os.remove(os.path.join(out, "manifest.json"))  # unfinished again
+    data = os.path.join(out, "shards", "shard-00001", "data.mdb")
+    os.truncate(data, 4096)  # the first meta page only: LMDB refuses the file
+    r = _cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 1
+    log = os.path.join(out, "logs", "shard-00001.log")
+    assert r.stderr == (f"convert: error: shard-00001: shard process died while starting: lmdb.InvalidError: "
+                        f"{os.path.dirname(data)}: MDB_INVALID: File is not an LMDB file; see {log}\n")
+    assert "lmdb.InvalidError" in open(log).read().splitlines()[-1]
+
+
+def test_last_error_takes_the_final_exception_of_the_last_traceback():
+    from convert.supervise import describe_exit, last_error
+
+    log = ("2024 shard 1 growing LMDB map\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+           "ValueError: old run\nTraceback (most recent call last):\n  File \"w.py\", line 9, in main\n"
+           "    env = lmdb.open(path)\n          ^^^^^^^^^^^^^^^\n"
+           "lmdb.CorruptedError: mdb_txn_begin: MDB_CORRUPTED: Located page was wrong type\n")
+    assert last_error(log) == "lmdb.CorruptedError: mdb_txn_begin: MDB_CORRUPTED: Located page was wrong type"
+    assert last_error("2024 shard 1 growing LMDB map\n") is None
+    assert describe_exit(-9, "shard process") == "shard process killed by SIGKILL (out of memory?)"
+    assert describe_exit(-11) == "decoder process killed by SIGSEGV"
