@@ -83,6 +83,9 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--video-timeout", type=float, default=300.0,
                    help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
     g.add_argument("--retries", type=int, default=1, help="retries of a video whose decoder crashed or hung (default 1)")
+    g.add_argument("--retry-failed", action="store_true",
+                   help="rerun only: convert again the videos recorded as failed (report.jsonl), finished job "
+                        "or not; a video's record is replaced by the new attempt's")
     g.add_argument("--decode-threads", type=int, default=1,
                    help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
     g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         from .job import run_job
 
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
-                         classes_file=args.classes_file, add_new=args.add_new, say=lambda note: print(f"convert: {note}", file=sys.stderr))
+                         classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
+                         say=lambda note: print(f"convert: {note}", file=sys.stderr))
     except (SourceError, PlanError, ValueError, OSError) as exc:
         print(f"convert: error: {exc}", file=sys.stderr)
         return 2

@@ -164,11 +164,16 @@ class _ProgressBar(threading.Thread):
                     return
 
 
-def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None) -> list[dict]:
-    """Run the shards ``indices`` (default: all of the plan); their summaries, in any order."""
+def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None,
+               retry: dict[int, list[int]] | None = None) -> list[dict]:
+    """Run the shards ``indices`` (default: all of the plan); their summaries, in any order.
+
+    ``retry`` maps a shard to the videos it converts again despite their records.
+    """
     workers = opts.workers or _cpu_count()
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
-    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard) for i in indices]
+    retry = retry or {}
+    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
 
@@ -229,20 +234,31 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     return manifest
 
 
+def _records(out: str, plan: Plan, index: int) -> list | None:
+    """The done records shard ``index`` holds; None when its folder or data file is gone."""
+    path = plan.shard_path(out, index)
+    try:
+        return WRITERS[plan.config.backend].read_done(path)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - any backend's error: damaged, not missing
+        raise PlanError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); "
+                        f"see python -m convert verify {out}") from exc
+
+
 def _missing_shards(out: str, plan: Plan) -> list[int]:
     """Shards of the plan whose folder or data file is gone (say, deleted after the job finished)."""
-    reader = WRITERS[plan.config.backend]
-    missing = []
-    for i in range(len(plan.shards)):
-        path = plan.shard_path(out, i)
-        try:
-            reader.read_done(path)
-        except FileNotFoundError:
-            missing.append(i)
-        except Exception as exc:  # noqa: BLE001 - any backend's error: damaged, not missing
-            raise PlanError(f"{path}: cannot be read ({type(exc).__name__}: {exc}); "
-                            f"see python -m convert verify {out}") from exc
-    return missing
+    return [i for i in range(len(plan.shards)) if _records(out, plan, i) is None]
+
+
+def failed_videos(out: str, plan: Plan) -> dict[int, list[int]]:
+    """Per shard, the plan indices of the videos its records say ``failed``; shards with none are left out."""
+    found = {}
+    for i, items in enumerate(plan.shards):
+        failed = {r.video_id for r in _records(out, plan, i) or () if r.status == "failed"}
+        if failed:
+            found[i] = [k for k, item in enumerate(items) if item.id in failed]
+    return found
 
 
 def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
@@ -266,14 +282,15 @@ def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], 
 
 def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
             split: str | None = None, classes_file: str | None = None, add_new: bool = False,
-            say: Callable[[str], None] | None = None) -> dict:
+            retry_failed: bool = False, say: Callable[[str], None] | None = None) -> dict:
     """Convert ``src`` into shards under ``out``; returns the manifest (plus timing and notes).
 
     One job at a time per OUT: a second one raises PlanError naming the first.
     On a finished OUT, shards that have gone missing are converted again (the
     others are not touched) and the manifest is rewritten. Videos the source
     holds but the plan lacks are counted, and with ``add_new`` converted into
-    new shards. ``say`` receives one-line notes about all of this.
+    new shards. ``retry_failed`` converts again the videos recorded as failed
+    (finished or not). ``say`` receives one-line notes about all of this.
     """
     say = say or (lambda message: None)
     source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
@@ -326,6 +343,12 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
                 notes["new_in_source"] = new
                 say(f"{out}: {new} video(s) in the source are not in the plan; rerun with --add-new "
                     f"to convert them into new shards")
+        retry = failed_videos(out, plan) if retry_failed else {}
+        if retry_failed:
+            notes["retried"] = sum(len(v) for v in retry.values())
+            say(f"{out}: retrying {notes['retried']} video(s) recorded as failed, in {len(retry)} shard(s)")
+            if redo is not None:
+                redo |= set(retry)
         if finished:
             if not redo:
                 return {**manifest, **notes, "already_complete": True, "seconds": 0.0}
@@ -340,7 +363,7 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
         bar.start()
         try:
-            summaries = run_shards(out, plan, opts, redo)
+            summaries = run_shards(out, plan, opts, redo, retry)
         finally:
             bar.stop.set()
             bar.join()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
 from .plan import write_json_atomic
@@ -167,11 +168,14 @@ class _Progress:
             self._last = now
 
 
-def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
+def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
     """Convert every pending video of shard ``index`` (``n_items`` videos); returns the shard summary.
 
     The caller passes the count it already has from the plan, so a thousand
-    supervisors do not each parse the whole plan again.
+    supervisors do not each parse the whole plan again. ``retry``: indices of
+    videos to convert again although the shard has a record of them (their
+    record, recorded as failed, is dropped just before the new attempt). The
+    summary adds ``new_videos`` and ``new_clips``: what this run converted.
     """
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
@@ -189,13 +193,14 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
         return child, hello
 
     child, hello = start()
-    done = set(hello["done"])
+    again = set(retry)
+    done = set(hello["done"]) - again
     progress.state["done"] = len(done)
     pending = [i for i in range(n_items) if i not in done]
     pos = 0
     while pos < len(pending):
         i = pending[pos]
-        child.send({"op": "video", "index": i})
+        child.send({"op": "retry" if i in again else "video", "index": i})
         try:
             reply = child.read(opts.video_timeout)
             reason = None if reply is not None else describe_exit(child.reap())
@@ -224,4 +229,4 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
     child.proc.wait()
     progress.add(force=True)
     summary.pop("finished", None)
-    return {"index": index, **summary}
+    return {"index": index, **summary, "new_videos": progress.state["new"], "new_clips": progress.state["clips"]}

@@ -187,3 +187,64 @@ def test_last_error_takes_the_final_exception_of_the_last_traceback():
     assert last_error("2024 shard 1 growing LMDB map\n") is None
     assert describe_exit(-9, "shard process") == "shard process killed by SIGKILL (out of memory?)"
     assert describe_exit(-11) == "decoder process killed by SIGSEGV"
+
+
+def _report(out: str) -> dict:
+    return {json.loads(line)["id"]: json.loads(line) for line in open(os.path.join(out, "report.jsonl"))}
+
+
+def test_retry_failed_converts_failed_videos_again_and_keeps_the_rest(tiny_tree, tmp_path):
+    from loaders import open_clips
+
+    out = str(tmp_path / "out")
+    crash = {"CONVERT_TEST_FAULT": "crash:a/mmcv__test"}
+    args = ("--workers", "2", "--shards", "2", "--no-progress")
+    assert _cli(tiny_tree, out, *args, env=crash).returncode == 0
+    assert _report(out)["a/mmcv__test"]["reason"] == "decoder process killed by SIGSEGV; 2 attempts"
+    clean = str(tmp_path / "clean")
+    assert _cli(tiny_tree, clean, *args).returncode == 0
+    before = _files(out)
+    failed_shard = next(s["name"] for s in json.loads(open(os.path.join(out, "plan.json")).read())["shards"]
+                        if any(it[0] == "a/mmcv__test" for it in s["items"]))
+
+    # Still crashing: the record is replaced by the new attempt's, nothing else changes.
+    r = _cli(tiny_tree, out, "--retry-failed", "--no-progress", env=crash)
+    assert r.returncode == 0, r.stderr
+    assert f"convert: {out}: retrying 1 video(s) recorded as failed, in 1 shard(s)" in r.stderr
+    assert _report(out)["a/mmcv__test"]["reason"] == "decoder process killed by SIGSEGV; 2 attempts"
+    assert {k: v for k, v in _files(out).items() if failed_shard not in k} == \
+        {k: v for k, v in before.items() if failed_shard not in k}
+
+    r = _cli(tiny_tree, out, "--retry-failed", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert _report(out) == {}
+    assert {k: v for k, v in _files(out).items() if failed_shard not in k} == \
+        {k: v for k, v in before.items() if failed_shard not in k}
+    a, b = _manifest(out), _manifest(clean)
+    assert a["shards"] == b["shards"] and a["status_counts"] == {"ok": 4}  # same checksums as a clean run
+    assert "a/mmcv__test" in open_clips(out).video_ids
+    assert _cli("verify", out).returncode == 0
+    r = _cli(tiny_tree, out, "--retry-failed", "--no-progress")
+    assert "retrying 0 video(s)" in r.stderr and "already complete" in r.stdout
+
+
+def test_retry_failed_in_an_unfinished_out_and_a_kill_during_the_retry_records_nothing(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    args = ("--workers", "1", "--shards", "1", "--no-progress")
+    assert _cli(tiny_tree, out, *args, env={"CONVERT_TEST_FAULT": "crash:b/mmaction2__test"}).returncode == 0
+    os.remove(os.path.join(out, "manifest.json"))  # unfinished
+    # The retry hangs; the job is killed in the middle of it.
+    proc = _popen(tiny_tree, out, "--retry-failed", *args, env={"CONVERT_TEST_FAULT": "hang:b/mmaction2__test"})
+    from convert.writers import LmdbWriter
+
+    shard = os.path.join(out, "shards", "shard-00000")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "b/mmaction2__test" in {r.video_id for r in LmdbWriter.read_done(shard)}:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    records = {r.video_id: r.status for r in LmdbWriter.read_done(shard)}
+    assert records == {"a/mmaction2__part_0": "ok", "a/mmcv__test": "ok", "b/moviepy__big_buck_bunny_432_433": "ok"}
+    r = _cli(tiny_tree, out, *args)  # a plain rerun converts the video the retry left pending
+    assert r.returncode == 0, r.stderr
+    assert _report(out) == {} and _manifest(out)["status_counts"] == {"ok": 4}

@@ -251,6 +251,21 @@ class LmdbWriter(ShardWriter):
     def close(self) -> None:
         self.env.close()
 
+    # -- added for --retry-failed (issue 8); to be ported into the backend module ---------
+    def forget_video(self, video_id: str) -> None:
+        """Delete a video's done record and clips, and the shard's completion mark, in one transaction.
+
+        The video is then pending again, as if never converted; the shard's
+        summary (``m/complete``) no longer describes it, so ``finish`` computes it anew.
+        """
+        prefix = CLIP_PREFIX + video_id.encode("utf-8") + b"/"
+        with self.env.begin(write=True) as txn:
+            keys = [bytes(k) for k, _ in iter_prefix(txn, prefix)]
+            for key in keys:
+                txn.delete(key)
+            txn.delete(done_key(video_id))
+            txn.delete(COMPLETE_KEY)
+
     @staticmethod
     def read_done(path: str) -> list[DoneRecord]:
         """The done records of a shard (the job's parent reads them once, then lets go)."""
