@@ -351,7 +351,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
                 redo |= set(retry)
         if finished:
             if not redo:
-                return {**manifest, **notes, "already_complete": True, "seconds": 0.0}
+                return {**manifest, **notes, "already_complete": True, "seconds": 0.0,
+                        "converted": {"videos": 0, "clips": 0}}
             kept = _kept_summaries(plan, manifest, redo)
             # From here until the new manifest, OUT is an unfinished job: a kill
             # leaves it for a plain rerun to complete, never a stale manifest.
@@ -368,4 +369,6 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             bar.stop.set()
             bar.join()
         manifest = finalize(out, plan, kept + summaries)
-        return {**manifest, **notes, "already_complete": False, "seconds": time.monotonic() - t0}
+        converted = {"videos": sum(s["new_videos"] for s in summaries), "clips": sum(s["new_clips"] for s in summaries)}
+        return {**manifest, **notes, "already_complete": False, "seconds": time.monotonic() - t0,
+                "converted": converted}

@@ -103,6 +103,7 @@ def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp
     r = _cli(tiny_tree, out, "--workers", "2", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert f"convert: {out}: 1 shard(s) missing (shard-00001); converting them again" in r.stderr
+    assert f", {first['shards'][1]['clips']} clips converted in this run, " in r.stdout  # not all the clips
     assert "already complete" not in r.stdout
     after = _files(out)
     assert {k: v for k, v in after.items() if "shard-00000" in k} == {k: v for k, v in before.items()
