@@ -268,6 +268,46 @@ def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
             for i in range(len(plan.shards)) if i not in redo]
 
 
+def _shards_to_repair(out: str, plan: Plan, manifest: dict, notes: dict, say: Callable[[str], None]) -> set[int]:
+    """Shards of a finished OUT to run again: gone from disk, or absent from the manifest."""
+    listed = {s["name"] for s in manifest["shards"]}
+    missing = _missing_shards(out, plan)
+    unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
+    if missing:
+        notes["missing_shards"] = [shard_name(i) for i in missing]
+        say(f"{out}: {len(missing)} shard(s) missing ({', '.join(notes['missing_shards'])}); "
+            f"converting them again, the other shards are kept as they are")
+    if unlisted:
+        notes["unlisted_shards"] = [shard_name(i) for i in unlisted]
+        say(f"{out}: {len(unlisted)} shard(s) not in the manifest ({', '.join(notes['unlisted_shards'])}); "
+            f"finishing them")
+    return set(missing) | set(unlisted)
+
+
+def _new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new: bool, notes: dict,
+                say: Callable[[str], None]) -> set[int]:
+    """Count the source's videos the plan lacks; with ``add_new``, append them as new shards (their indices)."""
+    planned = {it.id for shard in plan.shards for it in shard}
+    new = sum(it.id not in planned for it in source.items)
+    if not new:
+        return set()
+    if not add_new:
+        notes["new_in_source"] = new
+        say(f"{out}: {new} video(s) in the source are not in the plan; rerun with --add-new "
+            f"to convert them into new shards")
+        return set()
+    first = len(plan.shards)
+    try:
+        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or _cpu_count()))
+    except PlanError as exc:
+        raise PlanError(f"{out}: {exc}") from None
+    write_json_atomic(os.path.join(out, PLAN), plan.to_dict())
+    notes["added_videos"] = new
+    say(f"{out}: adding {new} new video(s) as {len(plan.shards) - first} new shard(s), "
+        f"{shard_name(first)} to {shard_name(len(plan.shards) - 1)}; the other shards are kept")
+    return set(range(first, len(plan.shards)))
+
+
 def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], None], **source_kw
                        ) -> Source | None:
     """The source as it is now (a rerun looks for videos added since the plan); None if unreadable and not required."""
@@ -306,43 +346,16 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             source = _read_source_again(src, out, add_new, say, **source_kw)
         manifest_path = os.path.join(out, MANIFEST)
         finished = os.path.exists(manifest_path)
-        redo: set[int] | None = None  # None: every shard (an unfinished job)
         notes: dict = {}
+        redo: set[int] | None = None  # None: every shard (an unfinished job)
         if finished:
             with open(manifest_path) as fh:
                 manifest = json.load(fh)
-            listed = {s["name"] for s in manifest["shards"]}
-            missing = _missing_shards(out, plan)
-            unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
-            redo = set(missing) | set(unlisted)
-            if missing:
-                notes["missing_shards"] = [shard_name(i) for i in missing]
-                say(f"{out}: {len(missing)} shard(s) missing ({', '.join(notes['missing_shards'])}); "
-                    f"converting them again, the other shards are kept as they are")
-            if unlisted:
-                notes["unlisted_shards"] = [shard_name(i) for i in unlisted]
-                say(f"{out}: {len(unlisted)} shard(s) not in the manifest "
-                    f"({', '.join(notes['unlisted_shards'])}); finishing them")
+            redo = _shards_to_repair(out, plan, manifest, notes, say)
         if rerun and source is not None:
-            planned = {it.id for shard in plan.shards for it in shard}
-            new = sum(it.id not in planned for it in source.items)
-            if new and add_new:
-                first = len(plan.shards)
-                n_shards = opts.shards or default_shards(new, opts.workers or _cpu_count())
-                try:
-                    add_shards(plan, source, n_shards)
-                except PlanError as exc:
-                    raise PlanError(f"{out}: {exc}") from None
-                write_json_atomic(os.path.join(out, PLAN), plan.to_dict())
-                notes["added_videos"] = new
-                if redo is not None:
-                    redo |= set(range(first, len(plan.shards)))
-                say(f"{out}: adding {new} new video(s) as {len(plan.shards) - first} new shard(s), "
-                    f"{shard_name(first)} to {shard_name(len(plan.shards) - 1)}; the other shards are kept")
-            elif new:
-                notes["new_in_source"] = new
-                say(f"{out}: {new} video(s) in the source are not in the plan; rerun with --add-new "
-                    f"to convert them into new shards")
+            added = _new_videos(out, plan, source, opts, add_new, notes, say)
+            if redo is not None:
+                redo |= added
         retry = failed_videos(out, plan) if retry_failed else {}
         if retry_failed:
             notes["retried"] = sum(len(v) for v in retry.values())
