@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from convert.cli import first_problems, print_summary
 
-from .conftest import ROOT
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+from .convert_helpers import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +24,7 @@ def converted(tmp_path_factory, shared_videos) -> tuple[str, str, str]:
         os.symlink(os.path.join(shared_videos, name), src / cls / name)
     (src / "b" / "junk.mp4").write_bytes(b"\0" * 1000)
     out = str(root / "out")
-    r = _cli(str(src), out, "--short-side", "120", "--workers", "2", "--no-progress")
+    r = run_cli(str(src), out, "--short-side", "120", "--workers", "2", "--no-progress")
     assert r.returncode == 0, r.stderr
     return str(src), out, r.stdout
 
@@ -68,7 +61,7 @@ def test_summary_rate_counts_only_this_runs_clips(tmp_path, capsys):
 
 def test_inspect_describes_a_short_side_shape(converted):
     _, out, _ = converted
-    r = _cli("inspect", out)
+    r = run_cli("inspect", out)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == (f"{out}: 11 clips of shape 16 x short side 120 x 3, the long side varies "
                                         f"with each video's aspect from 2 videos, codec raw")
@@ -84,7 +77,7 @@ def test_inspect_describes_a_short_side_shape(converted):
 def test_user_errors_say_what_to_do(converted, tmp_path, args, message):
     src, _, _ = converted
     new_out = str(tmp_path / "new")
-    r = _cli(*[{"SRC": src, "OUT": new_out}.get(a, a) for a in args])
+    r = run_cli(*[{"SRC": src, "OUT": new_out}.get(a, a) for a in args])
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and message.replace("OUT", new_out) in r.stderr
     assert not os.path.exists(new_out)
@@ -94,10 +87,10 @@ def test_user_errors_say_what_to_do(converted, tmp_path, args, message):
 def test_verify_and_inspect_agree_on_exit_status(converted, tmp_path, cmd):
     _, out, _ = converted
     missing = str(tmp_path / "nope")
-    r = _cli(cmd, missing)
+    r = run_cli(cmd, missing)
     assert (r.returncode, r.stderr) == (2, f"{cmd}: error: {missing}: does not exist; give the OUT folder of a "
                                            f"conversion\n")
-    r = _cli(cmd, str(tmp_path))
+    r = run_cli(cmd, str(tmp_path))
     assert r.returncode == 2 and r.stderr == (f"{cmd}: error: {tmp_path}: no manifest.json; not a finished "
                                               f"conversion (run python -m convert first)\n")
     damaged = str(tmp_path / "damaged")
@@ -105,7 +98,7 @@ def test_verify_and_inspect_agree_on_exit_status(converted, tmp_path, cmd):
     manifest = json.loads(open(os.path.join(damaged, "manifest.json")).read())
     name = next(s["name"] for s in manifest["shards"] if s["clips"])
     os.remove(os.path.join(damaged, "shards", name, "data.mdb"))
-    r = _cli(cmd, damaged)
+    r = run_cli(cmd, damaged)
     assert r.returncode == 1 and name in r.stderr
     assert "Exit status: 0 sound; 1 OUT is a conversion but reading it failed or found problems" in \
-        " ".join(_cli(cmd, "--help").stdout.split())
+        " ".join(run_cli(cmd, "--help").stdout.split())
