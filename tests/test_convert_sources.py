@@ -181,6 +181,14 @@ def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
     assert [(it.id, it.label) for it in val.items] == [("v1_000000_000010", 3)]
     assert [(it.id, it.label) for it in train.items] == [("t1_000000_000010", 2), ("t2_000000_000010", 1),
                                                          ("t3_000000_000010", 3)]
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    manifests = [run_job(str(csv), str(tmp_path / split), ConvertConfig(short="loop"),
+                         JobOptions(workers=1, progress=False), videos=str(root), split=split)
+                 for split in ("train", "val")]
+    assert [m["classes"] for m in manifests] == [["archery", "bowling", "juggling", "zumba"]] * 2
+    assert [m["totals"]["videos"] for m in manifests] == [3, 1]
     (tmp_path / "classes.txt").write_text("zumba\njuggling\nbowling\n")
     fixed = from_csv(str(csv), str(root), split="val", classes_file=str(tmp_path / "classes.txt"))
     assert fixed.classes == ["zumba", "juggling", "bowling"] and fixed.items[0].label == 0
