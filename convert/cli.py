@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
-from .supervise import ShardOptions
+from .supervise import ShardFailed, ShardOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -38,6 +39,13 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def parse_short_side(text: str) -> int:
+    if not text.strip().isdigit() or not 2 <= int(text) <= 8192:
+        raise argparse.ArgumentTypeError(f"must be a whole number of pixels in 2..8192 (the shorter side of "
+                                         f"every frame; or give --size HxW), got {text!r}")
+    return int(text)
+
+
 def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?", text.strip())
     if not m:
@@ -48,10 +56,17 @@ def parse_bytes(text: str) -> int:
 def add_convert_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("source")
     g.add_argument("--videos", metavar="DIR", help="video root for a CSV or list file (a CSV needs it; a list "
-                   "file defaults to its own folder). Entries must resolve inside it")
+                   "file defaults to its own folder). Entries are checked lexically, after normalising '..': "
+                   "one that leaves the root is rejected; symlinks inside the root are followed wherever they "
+                   "point, by design")
     g.add_argument("--split", help="CSV only: keep rows whose 'split' column equals this (train, val, test)")
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
-                   help="class names, one per line, fixing label order (default: sorted names found)")
+                   help="class names, one per line, fixing label order (default: the sorted labels of every row "
+                   "of a CSV, all splits; of the entries found otherwise)")
+    g.add_argument("--add-new", action="store_true",
+                   help="rerun only: convert the videos the source holds but the plan lacks (added since the "
+                        "first run) into new shards; the existing shards are kept byte for byte (--shards then "
+                        "sets how many new shards)")
     g = p.add_argument_group("output")
     g.add_argument("--backend", default="lmdb", choices=list(BACKENDS),
                    help="shard store: lmdb (one key per clip) or tfrecord (tf.train.Example records with DALI "
@@ -61,7 +76,7 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     size = g.add_mutually_exclusive_group()
     size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
                       help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
-    size.add_argument("--short-side", type=int, metavar="S", help="resize so the shorter side is S, keeping aspect")
+    size.add_argument("--short-side", type=parse_short_side, metavar="S", help="resize so the shorter side is S, keeping aspect")
     g.add_argument("--fps", type=float, help="resample to this frame rate by timestamps (default: keep every frame)")
     g.add_argument("--clip-len", type=int, default=16, help="frames per clip (default 16)")
     g.add_argument("--stride", type=int, default=1, help="take every Nth frame inside a clip (default 1)")
@@ -78,6 +93,9 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--video-timeout", type=float, default=300.0,
                    help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
     g.add_argument("--retries", type=int, default=1, help="retries of a video whose decoder crashed or hung (default 1)")
+    g.add_argument("--retry-failed", action="store_true",
+                   help="rerun only: convert again the videos recorded as failed (report.jsonl), finished job "
+                        "or not; a video's record is replaced by the new attempt's")
     g.add_argument("--decode-threads", type=int, default=1,
                    help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
     g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
@@ -102,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Restartable: run the same command again after any interruption.",
         epilog="Sub-commands: 'python -m convert verify OUT' checks every shard against the manifest; "
                "'python -m convert inspect OUT [--sheet FILE.png]' summarises and draws sample clips; "
-               "'python -m convert demo' synthesises a small dataset and converts it.",
+               "'python -m convert demo' synthesises a small dataset and converts it. "
+               "Exit status: 0 done; 1 the job failed (a shard's store or process; the message names its log); "
+               "2 bad arguments or an OUT that cannot take this job.",
     )
     p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
                    "or a folder of class folders")
@@ -114,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]:
     from .job import JobOptions
 
-    size = None if args.short_side else (args.size or (128, 171))
+    size = None if args.short_side is not None else (args.size or (128, 171))
     config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
                            fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,
                            max_clips=args.max_clips, short=args.short, on_damage=args.on_damage)
@@ -133,6 +153,34 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]
     return config, opts
 
 
+def describe_shape(manifest: dict) -> str:
+    """A clip's shape in words: fixed ``16 x 128 x 171 x 3``, or ``16 x short side 120 x 3, ...``."""
+    if manifest.get("clip_shape"):
+        return " x ".join(str(n) for n in manifest["clip_shape"])
+    return (f"{manifest['clip']['clip_len']} x short side {manifest['frame_size']['short_side']} x 3, "
+            f"the long side varies with each video's aspect")
+
+
+PROBLEM_STATUSES = ("failed", "partial", "missing", "rejected")
+
+
+def first_problems(out: str, n: int = 5) -> tuple[list[dict], int]:
+    """The first ``n`` records of report.jsonl that are not a policy outcome (short, padded), and how many there are."""
+    found: list[dict] = []
+    total = 0
+    try:
+        with open(os.path.join(out, "report.jsonl")) as fh:
+            for line in fh:
+                rec = json.loads(line)
+                if rec.get("status") in PROBLEM_STATUSES:
+                    total += 1
+                    if len(found) < n:
+                        found.append(rec)
+    except (OSError, ValueError):
+        pass  # the summary above still holds; the report's own problem shows when it is opened
+    return found, total
+
+
 def print_summary(out: str, result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=1))
@@ -148,11 +196,29 @@ def print_summary(out: str, result: dict, as_json: bool) -> None:
           f"{failed} failed ({st.get('partial', 0)} kept partly), {st.get('missing', 0)} missing, "
           f"{st.get('rejected', 0)} rejected")
     print(f"clips:  {tot['clips']} in {len(result['shards'])} {result['backend']} shard(s), codec {result['codec']}, "
-          f"shape {result['clip_shape'] or 'varies (short side)'}, {tot['value_bytes'] / 2**20:.1f} MiB")
+          f"shape {describe_shape(result)}, {tot['value_bytes'] / 2**20:.1f} MiB")
     if secs:
-        print(f"time:   {secs:.1f} s, {tot['clips'] / secs:.1f} clips/s")
+        # Only what this run converted: a rerun after a kill must not count the clips before it.
+        new = result.get("converted", {}).get("clips", tot["clips"])
+        print(f"time:   {secs:.1f} s, {new} clips converted in this run, {new / secs:.1f} clips/s")
+    report = os.path.join(out, "report.jsonl")
+    problems, total = first_problems(out)
+    if problems:
+        print(f"not converted, or only partly ({total}; all in {report}):")
+        for rec in problems:
+            print(f"  {rec['status']}: {rec['path']}: {rec['reason']}")
+        if total > len(problems):
+            print(f"  ... and {total - len(problems)} more")
     print(f"shards: {os.path.join(out, 'shards')}  manifest: {os.path.join(out, 'manifest.json')}  "
-          f"report: {os.path.join(out, 'report.jsonl')}")
+          f"report: {report}")
+
+
+def _mistyped_subcommand(argv: list[str]) -> str | None:
+    """The sub-command a first argument that is no file was probably meant to be ("verfy" -> "verify")."""
+    if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
+        return None
+    close = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import tools
 
         return tools.main(argv)
+    meant = _mistyped_subcommand(argv)
+    if meant:
+        suggestion = " ".join(["python -m convert", meant, *argv[1:]])
+        print(f"convert: error: {argv[0]}: no such file or directory, nor a sub-command; "
+              f"did you mean '{suggestion}'?", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -168,9 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         from .job import run_job
 
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
-                         classes_file=args.classes_file)
+                         classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
+                         say=lambda note: print(f"convert: {note}", file=sys.stderr))
     except (SourceError, PlanError, ValueError, OSError) as exc:
         print(f"convert: error: {exc}", file=sys.stderr)
         return 2
+    except ShardFailed as exc:
+        # Not the user's input: a shard's store or process; the log named holds the rest.
+        print(f"convert: error: {exc}", file=sys.stderr)
+        return 1
     print_summary(args.out, result, args.json)
     return 0

@@ -84,6 +84,9 @@ class VideoDecoder:
         self.damage: str | None = None
         self.frames_out = 0
         self.frames_decoded = 0
+        self._reached: float | None = None  # latest end (pts + duration, seconds) of a decoded frame
+        self._last_step = 0.0  # that frame's duration, seconds
+        self._last_pts: float | None = None
         try:
             self._container = av.open(path, metadata_errors="ignore")
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
@@ -134,27 +137,68 @@ class VideoDecoder:
                         self.damage = f"corrupt frame after {self.frames_decoded} good frames"
                         return
                     self.frames_decoded += 1
+                    self._note_end(frame)
                     yield frame
         except (av.error.FFmpegError, EOFError) as exc:
             # The decoder recovers after a bad packet, but what it shows next may
             # reference the damaged picture; everything before is trustworthy.
             self.damage = f"{type(exc).__name__} after {self.frames_decoded} good frames: {exc}"
             return
-        expected = self._expected_frames()
-        if expected and self.frames_decoded < expected:
-            # FFmpeg reads a truncated file without an error: it just ends early.
-            self.damage = (f"truncated: decoded {self.frames_decoded} frames, fewer than the {expected} "
-                           f"the container's header implies")
+        # FFmpeg reads a truncated file without an error: it just ends early.
+        self.damage = self._truncation()
 
-    def _expected_frames(self) -> int | None:
-        """Frames the container promises, less a tolerance for inexact durations."""
+    def _note_end(self, frame: av.VideoFrame) -> None:
+        """Remember where the latest decoded frame ends (its pts plus its duration)."""
+        t = frame.time
+        if t is None:
+            return
+        if frame.duration and frame.time_base:
+            step = float(frame.duration * frame.time_base)
+        elif self._last_pts is not None and t > self._last_pts:
+            step = t - self._last_pts  # no per-frame duration: the gap since the previous frame
+        else:
+            step = 1.0 / self.rate
+        self._last_pts = t
+        if self._reached is None or t + step >= self._reached:
+            self._reached, self._last_step = t + step, step
+
+    def _end_time(self) -> float | None:
+        """Seconds at which the stream (else the container) says the video ends; None when neither says."""
+        s = self._stream
+        if s.duration is not None and s.time_base:
+            start = s.start_time if s.start_time is not None else 0
+            return float((start + s.duration) * s.time_base)
+        c = self._container
+        if c.duration is not None:
+            return ((c.start_time or 0) + c.duration) / 1e6
+        return None
+
+    def _truncation(self) -> str | None:
+        """Why decoding looks cut short, or None when it reached the video's end.
+
+        A frame count in the header (MP4, AVI) is exact at any frame rate. Without
+        one, where decoding stopped is compared with where the stream says it
+        ends, in seconds: an estimate of duration x average rate would call a
+        complete variable-frame-rate video (a 20 ms gap, then a 60 ms one, ...)
+        truncated.
+        """
         s = self._stream
         if s.frames:
-            return s.frames - max(1, s.frames // 100)
-        seconds = self._duration()
-        if seconds is None:
+            expected = s.frames - max(1, s.frames // 100)
+            if self.frames_decoded < expected:
+                return (f"truncated: decoded {self.frames_decoded} frames, fewer than the {s.frames} "
+                        f"the container's header counts")
             return None
-        return int(seconds * self.rate * 0.95) - 2
+        end = self._end_time()
+        if end is None or self._reached is None:
+            return None
+        start = s.start_time * s.time_base if s.start_time is not None and s.time_base else 0.0
+        # Headers round durations and audio may outlast the picture: allow 5% and two frames.
+        tolerance = 0.05 * max(end - float(start), 0.0) + 2 * self._last_step
+        if self._reached < end - tolerance:
+            return (f"truncated: decoding stopped at {self._reached:.3f} s after {self.frames_decoded} frames, "
+                    f"the stream ends at {end:.3f} s")
+        return None
 
     def _timed(self) -> Iterator[tuple[float, av.VideoFrame]]:
         """Frames with monotonic times; a missing or backward pts takes prev + 1/rate."""

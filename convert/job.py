@@ -8,19 +8,27 @@ the shards hold, so its presence means the job is complete.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator
 
 from joblib import Parallel, delayed, parallel_config
 
-from .format import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, get_backend
-from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan, write_json_atomic
-from .sources import load_source
+from .format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
+                     ShardMissing, get_backend, shard_name)
+from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
+                   write_json_atomic)
+from .sources import Source, SourceError, load_source
 from .supervise import ShardOptions, run_shard
+
+# OUT/.lock: held (flock) by the job converting into OUT, and naming it.
+LOCK = ".lock"
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,47 @@ def check_out(out: str, config: ConvertConfig) -> None:
             raise PlanError(f"{out}: holds a {m.get('format')!r} dataset, not {FORMAT_NAME}; use another OUT")
         if m.get("backend") != config.backend:
             raise PlanError(f"{out}: holds {m.get('backend')} shards, asked for {config.backend}; use another OUT")
-    elif not os.path.exists(os.path.join(out, PLAN)) and os.listdir(out):
+    elif not os.path.exists(os.path.join(out, PLAN)) and not os.path.exists(os.path.join(out, LOCK)) \
+            and os.listdir(out):
+        # A lock file without a plan: a job that started here and has not written its plan yet.
         raise PlanError(f"{out}: not empty and holds no conversion; use an empty or new folder")
+
+
+def _holder(path: str) -> str:
+    """Who holds the lock, as its JSON says; the holder may be a moment away from writing it."""
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError), open(path) as fh:
+            who = json.load(fh)
+            return f"host {who['host']}, pid {who['pid']}, since {who['started']}"
+        time.sleep(0.1)
+    return "holder unknown"
+
+
+@contextlib.contextmanager
+def hold_out(out: str) -> Iterator[None]:
+    """Hold OUT's exclusive lock for the job's lifetime, or raise PlanError naming the holder.
+
+    flock belongs to the open file, so the kernel releases it when the holding
+    process dies however it dies (kill -9 included): a stale lock file is simply
+    taken over by the next job. The file is never deleted, because a job that
+    opened it just before a delete would lock an inode no one else sees.
+    """
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
+                            f"wait for it to end, or use another OUT") from None
+        who = {"host": socket.gethostname(), "pid": os.getpid(),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(who).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _cpu_count() -> int:
@@ -60,8 +107,8 @@ def _cpu_count() -> int:
 
 
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
-            split: str | None = None, classes_file: str | None = None) -> Plan:
-    """Check arguments, read the source and write (or reuse) the plan."""
+            split: str | None = None, classes_file: str | None = None, source: Source | None = None) -> Plan:
+    """Check arguments, read the source (unless given) and write (or reuse) the plan."""
     check_out(out, config)
     source_info = {"path": os.path.abspath(src), "videos": os.path.abspath(videos) if videos else None,
                    "split": split}
@@ -69,7 +116,8 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     if existing is not None:
         check_same(existing, config, source_info, out)
         return existing
-    source = load_source(src, videos=videos, split=split, classes_file=classes_file)
+    if source is None:
+        source = load_source(src, videos=videos, split=split, classes_file=classes_file)
     source_info["kind"] = source.kind
     workers = opts.workers or _cpu_count()
     n_shards = opts.shards or default_shards(len(source.items), workers)
@@ -82,17 +130,18 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
 class _ProgressBar(threading.Thread):
     """Polls the shards' progress files and drives one tqdm bar in the parent."""
 
-    def __init__(self, out: str, total: int, enabled: bool) -> None:
+    def __init__(self, out: str, total: int, enabled: bool, shards: set[str] | None = None) -> None:
         super().__init__(daemon=True)
         self.dir = os.path.join(out, PROGRESS_DIR)
         self.total, self.enabled = total, enabled
+        self.shards = shards  # None: every shard's file; else only these shards run now
         self.stop = threading.Event()
 
     def _read(self) -> dict:
         agg: Counter = Counter()
         if os.path.isdir(self.dir):
             for name in os.listdir(self.dir):
-                if name.endswith(".json"):
+                if name.endswith(".json") and (self.shards is None or name[:-5] in self.shards):
                     with contextlib.suppress(OSError, ValueError), open(os.path.join(self.dir, name)) as fh:
                         agg.update(json.load(fh))
         return agg
@@ -115,9 +164,16 @@ class _ProgressBar(threading.Thread):
                     return
 
 
-def run_shards(out: str, plan: Plan, opts: JobOptions) -> list[dict]:
+def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None,
+               retry: dict[int, list[int]] | None = None) -> list[dict]:
+    """Run the shards ``indices`` (default: all of the plan); their summaries, in any order.
+
+    ``retry`` maps a shard to the videos it converts again despite their records.
+    """
     workers = opts.workers or _cpu_count()
-    tasks = [delayed(run_shard)(out, i, len(items), opts.shard) for i, items in enumerate(plan.shards)]
+    indices = range(len(plan.shards)) if indices is None else sorted(indices)
+    retry = retry or {}
+    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
 
@@ -176,22 +232,159 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     return manifest
 
 
-def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, **source_kw) -> dict:
-    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing)."""
-    plan = prepare(src, out, config, opts, **source_kw)
-    manifest_path = os.path.join(out, MANIFEST)
-    if os.path.exists(manifest_path):
-        with open(manifest_path) as fh:
-            manifest = json.load(fh)
-        return {**manifest, "already_complete": True, "seconds": 0.0}
-    total = sum(len(s) for s in plan.shards)
-    t0 = time.monotonic()
-    bar = _ProgressBar(out, total, opts.progress)
-    bar.start()
+def _records(out: str, plan: Plan, index: int) -> list | None:
+    """The done records shard ``index`` holds; None when its folder or data file is gone."""
+    path = plan.shard_path(out, index)
     try:
-        summaries = run_shards(out, plan, opts)
+        reader = get_backend(plan.config.backend).reader(path)
+    except ShardMissing:
+        return None
+    except FormatError as exc:
+        raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
+    try:
+        return reader.records()
+    except FormatError as exc:
+        raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
     finally:
-        bar.stop.set()
-        bar.join()
-    manifest = finalize(out, plan, summaries)
-    return {**manifest, "already_complete": False, "seconds": time.monotonic() - t0}
+        reader.close()
+
+
+def _missing_shards(out: str, plan: Plan) -> list[int]:
+    """Shards of the plan whose folder or data file is gone (say, deleted after the job finished)."""
+    return [i for i in range(len(plan.shards)) if _records(out, plan, i) is None]
+
+
+def failed_videos(out: str, plan: Plan) -> dict[int, list[int]]:
+    """Per shard, the plan indices of the videos its records say ``failed``; shards with none are left out."""
+    found = {}
+    for i, items in enumerate(plan.shards):
+        failed = {r.video_id for r in _records(out, plan, i) or () if r.status == "failed"}
+        if failed:
+            found[i] = [k for k, item in enumerate(items) if item.id in failed]
+    return found
+
+
+def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
+    """The manifest's entries for the shards that are not run again, as run_shard returns them."""
+    by_name = {s["name"]: s for s in manifest["shards"]}
+    return [{"index": i, **{k: by_name[shard_name(i)][k] for k in ("videos", "clips", "value_bytes", "sha256")}}
+            for i in range(len(plan.shards)) if i not in redo]
+
+
+def _shards_to_repair(out: str, plan: Plan, manifest: dict, notes: dict, say: Callable[[str], None]) -> set[int]:
+    """Shards of a finished OUT to run again: gone from disk, or absent from the manifest."""
+    listed = {s["name"] for s in manifest["shards"]}
+    missing = _missing_shards(out, plan)
+    unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
+    if missing:
+        notes["missing_shards"] = [shard_name(i) for i in missing]
+        say(f"{out}: {len(missing)} shard(s) missing ({', '.join(notes['missing_shards'])}); "
+            f"converting them again, the other shards are kept as they are")
+    if unlisted:
+        notes["unlisted_shards"] = [shard_name(i) for i in unlisted]
+        say(f"{out}: {len(unlisted)} shard(s) not in the manifest ({', '.join(notes['unlisted_shards'])}); "
+            f"finishing them")
+    return set(missing) | set(unlisted)
+
+
+def _new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new: bool, notes: dict,
+                say: Callable[[str], None]) -> set[int]:
+    """Count the source's videos the plan lacks; with ``add_new``, append them as new shards (their indices)."""
+    planned = {it.id for shard in plan.shards for it in shard}
+    new = sum(it.id not in planned for it in source.items)
+    if not new:
+        return set()
+    if not add_new:
+        notes["new_in_source"] = new
+        say(f"{out}: {new} video(s) in the source are not in the plan; rerun with --add-new "
+            f"to convert them into new shards")
+        return set()
+    first = len(plan.shards)
+    try:
+        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or _cpu_count()))
+    except PlanError as exc:
+        raise PlanError(f"{out}: {exc}") from None
+    write_json_atomic(os.path.join(out, PLAN), plan.to_dict())
+    notes["added_videos"] = new
+    say(f"{out}: adding {new} new video(s) as {len(plan.shards) - first} new shard(s), "
+        f"{shard_name(first)} to {shard_name(len(plan.shards) - 1)}; the other shards are kept")
+    return set(range(first, len(plan.shards)))
+
+
+def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], None], **source_kw
+                       ) -> Source | None:
+    """The source as it is now (a rerun looks for videos added since the plan); None if unreadable and not required."""
+    try:
+        return load_source(src, **source_kw)
+    except (SourceError, OSError) as exc:
+        if required:
+            raise
+        say(f"{out}: cannot read the source to look for new videos ({exc}); going on with the plan")
+        return None
+
+
+def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
+            split: str | None = None, classes_file: str | None = None, add_new: bool = False,
+            retry_failed: bool = False, say: Callable[[str], None] | None = None) -> dict:
+    """Convert ``src`` into shards under ``out``; returns the manifest (plus timing and notes).
+
+    One job at a time per OUT: a second one raises PlanError naming the first.
+    On a finished OUT, shards that have gone missing are converted again (the
+    others are not touched) and the manifest is rewritten. Videos the source
+    holds but the plan lacks are counted, and with ``add_new`` converted into
+    new shards. ``retry_failed`` converts again the videos recorded as failed
+    (finished or not). ``say`` receives one-line notes about all of this.
+    """
+    say = say or (lambda message: None)
+    source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
+    check_out(out, config)  # before OUT or its lock file is created
+    source = None
+    rerun = os.path.exists(os.path.join(out, PLAN))
+    if not rerun:
+        # Read the source before creating OUT, so a bad source leaves nothing behind.
+        source = load_source(src, **source_kw)
+    with hold_out(out):
+        plan = prepare(src, out, config, opts, source=source, **source_kw)
+        if rerun:
+            source = _read_source_again(src, out, add_new, say, **source_kw)
+        manifest_path = os.path.join(out, MANIFEST)
+        finished = os.path.exists(manifest_path)
+        notes: dict = {}
+        redo: set[int] | None = None  # None: every shard (an unfinished job)
+        if finished:
+            with open(manifest_path) as fh:
+                manifest = json.load(fh)
+            redo = _shards_to_repair(out, plan, manifest, notes, say)
+        if rerun and source is not None:
+            added = _new_videos(out, plan, source, opts, add_new, notes, say)
+            if redo is not None:
+                redo |= added
+        retry = failed_videos(out, plan) if retry_failed else {}
+        if retry_failed:
+            notes["retried"] = sum(len(v) for v in retry.values())
+            say(f"{out}: retrying {notes['retried']} video(s) recorded as failed, in {len(retry)} shard(s)")
+            if redo is not None:
+                redo |= set(retry)
+        if finished:
+            if not redo:
+                return {**manifest, **notes, "already_complete": True, "seconds": 0.0,
+                        "converted": {"videos": 0, "clips": 0}}
+            kept = _kept_summaries(plan, manifest, redo)
+            # From here until the new manifest, OUT is an unfinished job: a kill
+            # leaves it for a plain rerun to complete, never a stale manifest.
+            os.remove(manifest_path)
+        else:
+            kept = []
+        total = sum(len(plan.shards[i]) for i in (range(len(plan.shards)) if redo is None else redo))
+        t0 = time.monotonic()
+        bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
+        bar.start()
+        try:
+            summaries = run_shards(out, plan, opts, redo, retry)
+        finally:
+            bar.stop.set()
+            bar.join()
+        manifest = finalize(out, plan, kept + summaries)
+        converted = {"videos": sum(s["new_videos"] for s in summaries), "clips": sum(s["new_clips"] for s in summaries)}
+        return {**manifest, **notes, "already_complete": False, "seconds": time.monotonic() - t0,
+                "converted": converted}

@@ -94,6 +94,7 @@ class Plan:
     shards: list[list[VideoItem]]
     problems: list[Problem] = field(default_factory=list)
     source: dict = field(default_factory=dict)
+    added: list[dict] = field(default_factory=list)  # one entry per --add-new that appended shards
 
     def shard_path(self, out: str, index: int) -> str:
         return os.path.join(out, SHARD_DIR, shard_name(index))
@@ -108,6 +109,7 @@ class Plan:
             "shards": [{"name": shard_name(i), "items": [[it.id, it.path, it.label] for it in items]}
                        for i, items in enumerate(self.shards)],
             "problems": [asdict(p) for p in self.problems],
+            "added": self.added,
         }
 
     @classmethod
@@ -118,6 +120,7 @@ class Plan:
             shards=[[VideoItem(*it) for it in s["items"]] for s in d["shards"]],
             problems=[Problem(**p) for p in d["problems"]],
             source=d["source"],
+            added=d.get("added", []),
         )
 
 
@@ -143,6 +146,34 @@ def make_plan(source: Source, config: ConvertConfig, n_shards: int, source_info:
     for s in shards:
         s.sort(key=lambda it: it.id)
     return Plan(config, source.classes, shards, list(source.problems), source_info)
+
+
+def add_shards(plan: Plan, source: Source, n_shards: int) -> list[VideoItem]:
+    """Append the source's videos that the plan lacks as ``n_shards`` new shards; returns them.
+
+    The existing shards keep their videos, so their bytes stay as they are.
+    Problems the plan recorded for videos that are now there are dropped, and
+    the source's other new problems are added.
+    """
+    if source.classes != plan.classes:
+        gone = [c for c in plan.classes if c not in source.classes]
+        new = [c for c in source.classes if c not in plan.classes]
+        what = "; ".join(filter(None, [f"new: {', '.join(new)}" if new else "",
+                                       f"gone: {', '.join(gone)}" if gone else ""])) or "same names, other order"
+        raise PlanError(f"the source's class list differs from the plan's ({what}); adding videos cannot relabel "
+                        f"converted shards: give --classes with the plan's list, or convert into another OUT")
+    planned = {it.id for shard in plan.shards for it in shard}
+    items = [it for it in source.items if it.id not in planned]
+    if not items:
+        return []
+    first = len(plan.shards)
+    plan.shards += make_plan(Source(items, source.classes), plan.config, n_shards, plan.source).shards
+    added = {it.id for it in items}
+    known = {p.id for p in plan.problems}
+    plan.problems = ([p for p in plan.problems if p.id not in added]
+                     + [p for p in source.problems if p.id not in known and p.id not in planned])
+    plan.added.append({"first_shard": first, "shards": len(plan.shards) - first, "videos": len(items)})
+    return items
 
 
 def write_json_atomic(path: str, obj) -> None:

@@ -153,8 +153,13 @@ def main(argv: list[str]) -> int:
                                 "complete": writer.complete_record() is not None}) + "\n")
         for line in sys.stdin:
             cmd = json.loads(line)
-            if cmd["op"] == "video":
+            if cmd["op"] in ("video", "retry"):
                 item = items[cmd["index"]]
+                if cmd["op"] == "retry":
+                    # Its failure record goes only now, just before the new attempt. A job
+                    # killed before the new record commits leaves the video pending, so a
+                    # plain rerun converts it; a decoder crash is handled as for any video.
+                    writer.forget_video(item.id)
                 rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
                 proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
             elif cmd["op"] == "fail":

@@ -9,6 +9,7 @@ reports them and goes on.
 from __future__ import annotations
 
 import csv
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,30 +114,56 @@ def _finish(kind: str, entries: list[tuple[str, str, str]], classes: list[str] |
     return Source(items, classes, problems, kind)
 
 
+def _csv_times(row: dict[str, str]) -> tuple[int, int]:
+    """The whole seconds that name a Kinetics clip file; ValueError says why a row has none."""
+    times = []
+    for col in ("time_start", "time_end"):
+        text = row[col]
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{col} {text!r} is not a number") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{col} {text!r} is not a finite number of seconds >= 0")
+        times.append(int(value))
+    if times[1] < times[0]:
+        raise ValueError(f"time_end {row['time_end']!r} is before time_start {row['time_start']!r}")
+    return times[0], times[1]
+
+
 def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_file: str | None = None) -> Source:
     """Kinetics annotations; files found flat or in class folders under ``videos``."""
     if not os.path.isdir(videos):
         raise SourceError(f"{videos}: --videos is not a directory")
     with open(csv_path, newline="") as fh:
         reader = csv.DictReader(fh)
-        columns = [c.strip() for c in (reader.fieldnames or [])]
-        missing_cols = [c for c in CSV_REQUIRED if c not in columns]
-        if missing_cols:
-            raise SourceError(
-                f"{csv_path}: CSV lacks column(s) {', '.join(missing_cols)}; "
-                f"needs {','.join(CSV_REQUIRED)}[,split][,is_cc], has {','.join(columns) or 'none'}"
-            )
-        rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+        try:
+            columns = [c.strip() for c in (reader.fieldnames or [])]
+            missing_cols = [c for c in CSV_REQUIRED if c not in columns]
+            if missing_cols:
+                raise SourceError(
+                    f"{csv_path}: CSV lacks column(s) {', '.join(missing_cols)}; "
+                    f"needs {','.join(CSV_REQUIRED)}[,split][,is_cc], has {','.join(columns) or 'none'}"
+                )
+            # reader.line_num after a row is the file line it ended on (blank lines are skipped).
+            rows = [(reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items() if k is not None})
+                    for row in reader]
+        except csv.Error as exc:
+            raise SourceError(f"{csv_path}: not readable as CSV after line {reader.line_num}: {exc}") from None
     index = _index_tree(videos)
     entries, problems = [], []
-    for n, row in enumerate(rows, start=2):
+    for n, row in rows:
         if split is not None and row.get("split", "") != split:
             continue
         yid = row["youtube_id"]
         try:
-            stem = f"{yid}_{int(float(row['time_start'])):06d}_{int(float(row['time_end'])):06d}"
-        except ValueError:
-            problems.append(Problem(yid, csv_path, "rejected", f"line {n}: time_start/time_end are not numbers"))
+            start, end = _csv_times(row)
+        except ValueError as exc:
+            problems.append(Problem(yid, csv_path, "rejected", f"line {n}: {exc}"))
+            continue
+        stem = f"{yid}_{start:06d}_{end:06d}"
+        if not row["label"]:
+            problems.append(Problem(stem, csv_path, "rejected", f"line {n}: no label"))
             continue
         if not yid or "/" in yid or "\\" in yid or yid.startswith("."):
             problems.append(Problem(stem, csv_path, "rejected", f"line {n}: youtube_id {yid!r} would leave the video root"))
@@ -148,7 +175,12 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
         entries.append((stem, path, row["label"]))
     if not entries and not problems:
         raise SourceError(f"{csv_path}: no rows" + (f" with split {split!r}" if split else ""))
-    return _finish("csv", entries, _read_classes(classes_file), problems)
+    classes = _read_classes(classes_file)
+    if classes is None:
+        # Every row, whatever its split or state: the train and val conversions of
+        # one CSV then share one class list even when a split lacks a class.
+        classes = sorted({row["label"] for _, row in rows if row["label"]})
+    return _finish("csv", entries, classes, problems)
 
 
 def from_list(list_path: str, videos: str | None = None, *, classes_file: str | None = None) -> Source:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
 from .plan import write_json_atomic
@@ -38,12 +39,32 @@ class ShardOptions:
     max_memory: int | None = None  # bytes of heap per shard process (RLIMIT_DATA)
 
 
-def describe_exit(rc: int | None) -> str:
+class ShardFailed(RuntimeError):
+    """A shard process failed outside any video (starting, finishing): the job cannot go on.
+
+    The message names the shard, the cause (from the shard's log when it says
+    one) and the log.
+    """
+
+
+def describe_exit(rc: int | None, what: str = "decoder process") -> str:
     if rc is not None and rc < 0:
         name = signal.Signals(-rc).name
         hint = " (out of memory?)" if -rc == signal.SIGKILL else ""
-        return f"decoder process killed by {name}{hint}"
-    return f"decoder process exited with status {rc}"
+        return f"{what} killed by {name}{hint}"
+    return f"{what} exited with status {rc}"
+
+
+def last_error(text: str) -> str | None:
+    """The exception line of the last Python traceback in ``text`` ("lmdb.CorruptedError: ..."), if any."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1:]:
+        if line.strip() and not line[0].isspace():
+            return line.strip()
+    return None
 
 
 class _Child:
@@ -51,7 +72,9 @@ class _Child:
 
     def __init__(self, out: str, index: int, opts: ShardOptions) -> None:
         os.makedirs(os.path.join(out, LOG_DIR), exist_ok=True)
-        log = open(os.path.join(out, LOG_DIR, shard_name(index) + ".log"), "ab")
+        self.log_path = os.path.join(out, LOG_DIR, shard_name(index) + ".log")
+        log = open(self.log_path, "ab")
+        self._log_start = log.tell()  # this process's part of the log starts here
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])))
         # Every clip allocates a few MB (frames, the value, LMDB's overflow
         # pages) and frees them again. glibc would hand such blocks back to the
@@ -70,8 +93,11 @@ class _Child:
         self._buf = b""
 
     def send(self, obj: dict) -> None:
-        self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # the process has died: the next read sees its end and asks why
 
     def read(self, timeout: float | None) -> dict | None:
         """The next answer; None when the process died; TimeoutError when it hangs."""
@@ -93,6 +119,27 @@ class _Child:
         if self.proc.poll() is None:
             self.proc.kill()
         return self.proc.wait()
+
+    def reap(self, grace: float = 10.0) -> int | None:
+        """Exit status of a process whose pipe has closed: it may still be exiting.
+
+        Killing it at once would report our own SIGKILL (and "out of memory?")
+        for a process that was ending with an error of its own.
+        """
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return self.kill()
+
+    def failure(self, rc: int | None) -> str:
+        """Why the process ended: the last error its log shows, else its exit status or signal."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                cause = last_error(fh.read().decode(errors="replace"))
+        except OSError:
+            cause = None
+        return cause or describe_exit(rc, "shard process")
 
     def close(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
@@ -123,34 +170,42 @@ class _Progress:
             self._last = now
 
 
-def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
+def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
     """Convert every pending video of shard ``index`` (``n_items`` videos); returns the shard summary.
 
     The caller passes the count it already has from the plan, so a thousand
-    supervisors do not each parse the whole plan again.
+    supervisors do not each parse the whole plan again. ``retry``: indices of
+    videos to convert again although the shard has a record of them (their
+    record, recorded as failed, is dropped just before the new attempt). The
+    summary adds ``new_videos`` and ``new_clips``: what this run converted.
     """
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
+
+    def fail(child: _Child, while_: str) -> ShardFailed:
+        cause = child.failure(child.reap())
+        child.close()
+        return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {cause}; see {child.log_path}")
 
     def start() -> tuple[_Child, dict]:
         child = _Child(out, index, opts)
         hello = child.read(timeout=120)
         if hello is None:
-            raise RuntimeError(f"{shard_name(index)}: shard process failed to start: {describe_exit(child.kill())}; "
-                               f"see {os.path.join(out, LOG_DIR, shard_name(index) + '.log')}")
+            raise fail(child, "starting")
         return child, hello
 
     child, hello = start()
-    done = set(hello["done"])
+    again = set(retry)
+    done = set(hello["done"]) - again
     progress.state["done"] = len(done)
     pending = [i for i in range(n_items) if i not in done]
     pos = 0
     while pos < len(pending):
         i = pending[pos]
-        child.send({"op": "video", "index": i})
+        child.send({"op": "retry" if i in again else "video", "index": i})
         try:
             reply = child.read(opts.video_timeout)
-            reason = None if reply is not None else describe_exit(child.kill())
+            reason = None if reply is not None else describe_exit(child.reap())
         except TimeoutError:
             child.kill()
             reply, reason = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
@@ -165,15 +220,15 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions) -> dict:
             child.send({"op": "fail", "index": i, "reason": f"{reason}; {attempts[i]} attempts"})
             reply = child.read(timeout=120)
             if reply is None:
-                raise RuntimeError(f"{shard_name(index)}: shard process died recording a failure")
+                raise fail(child, "recording a failed video")
             progress.add(reply)
             pos += 1
     child.send({"op": "finish"})
     summary = child.read(timeout=None)
-    child.close()
-    rc = child.proc.wait()
     if summary is None:
-        raise RuntimeError(f"{shard_name(index)}: shard process died while finishing: {describe_exit(rc)}")
+        raise fail(child, "finishing")
+    child.close()
+    child.proc.wait()
     progress.add(force=True)
     summary.pop("finished", None)
-    return {"index": index, **summary}
+    return {"index": index, **summary, "new_videos": progress.state["new"], "new_clips": progress.state["clips"]}

@@ -104,17 +104,38 @@ def demo(out: str, *, per_class: int, seconds: float, workers: int, codec: str) 
     return 0
 
 
+EXIT_CODES = ("Exit status: 0 sound; 1 OUT is a conversion but reading it failed or found problems (the "
+              "messages name the shard); 2 bad arguments, or OUT missing or not a finished conversion.")
+
+
+def _usable_out(cmd: str, out: str) -> dict | None:
+    """OUT's manifest, or None after saying in one line why OUT is no finished conversion."""
+    from .format import FormatError, read_manifest
+
+    if not os.path.isdir(out):
+        what = "is not a folder" if os.path.exists(out) else "does not exist"
+        print(f"{cmd}: error: {out}: {what}; give the OUT folder of a conversion", file=sys.stderr)
+        return None
+    try:
+        return read_manifest(out)
+    except (FormatError, OSError) as exc:
+        print(f"{cmd}: error: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
-    from .cli import OneLineParser
+    from .cli import OneLineParser, describe_shape
 
-    p = OneLineParser(prog=f"python -m convert {cmd}")
+    p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
     if cmd == "verify":
         p.description = "Reopen every shard, check counts and checksums against the manifest, decode every value."
         p.add_argument("out", metavar="OUT")
         args = p.parse_args(rest)
         from .verify import verify
 
+        if _usable_out("verify", args.out) is None:
+            return 2
         problems, counts = verify(args.out)
         if problems:
             for line in problems:
@@ -128,15 +149,22 @@ def main(argv: list[str]) -> int:
         p.add_argument("--sheet", metavar="FILE.png", help="write a contact sheet of sample clips")
         p.add_argument("--rows", type=int, default=8, help="clips on the sheet")
         args = p.parse_args(rest)
+        manifest = _usable_out("inspect", args.out)
+        if manifest is None:
+            return 2
+        sheet_dir = os.path.dirname(os.path.abspath(args.sheet)) if args.sheet else None
+        if sheet_dir and not os.path.isdir(sheet_dir):
+            print(f"inspect: error: {sheet_dir}: no such folder for --sheet", file=sys.stderr)
+            return 2
         try:
             s = inspect_summary(args.out)
             if args.sheet:
                 contact_sheet(args.out, args.sheet, rows=args.rows)
-        except (ValueError, OSError) as exc:
-            print(f"inspect: error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{s['root']}: {s['clips']} clips of shape {s['clip_shape']} from {s['videos_with_clips']} videos, "
-              f"codec {s['codec']}")
+        except (ValueError, OSError) as exc:  # FormatError is a ValueError
+            print(f"inspect: error: {exc} (python -m convert verify {args.out} checks every shard)", file=sys.stderr)
+            return 1
+        print(f"{s['root']}: {s['clips']} clips of shape {describe_shape(manifest)} from {s['videos_with_clips']} "
+              f"videos, codec {s['codec']}")
         ratio = f", {s['codec_ratio']:.2f}x smaller than raw" if s["codec_ratio"] else ""
         print(f"bytes per clip: {s['bytes_per_clip']:.0f}{ratio}")
         cpv = s["clips_per_video"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,8 @@ from convert.supervise import ShardOptions
 from convert.verify import verify
 from loaders import open_clips
 
-from .conftest import ROOT, SHARED_VIDEOS
+from .conftest import SHARED_VIDEOS
+from .convert_helpers import run_cli
 
 # class folder -> shared files in it
 LAYOUT = {
@@ -150,14 +149,9 @@ def test_compact_shrinks_to_the_data(real_tree, tmp_path):
     assert verify(str(tmp_path / "c"))[0] == []
 
 
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
-
-
 def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
     out = tmp_path / "crash"
-    r = _cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress",
+    r = run_cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress",
              env={"CONVERT_TEST_FAULT": "crash:spin/spin_001"})
     assert r.returncode == 0, r.stderr
     report = {json.loads(l)["id"]: json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()}
@@ -167,7 +161,7 @@ def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
     assert len(set(store.video_ids)) == 19  # every other video is there
 
     out2 = tmp_path / "hang"
-    r = _cli(synth_videos, str(out2), "--workers", "2", "--no-progress", "--video-timeout", "3", "--retries", "0",
+    r = run_cli(synth_videos, str(out2), "--workers", "2", "--no-progress", "--video-timeout", "3", "--retries", "0",
              env={"CONVERT_TEST_FAULT": "hang:move_up/move_up_002"})
     assert r.returncode == 0, r.stderr
     report = {json.loads(l)["id"]: json.loads(l) for l in (out2 / "report.jsonl").read_text().splitlines()}
@@ -177,7 +171,7 @@ def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
 
 def test_memory_limit_turns_a_huge_allocation_into_one_failed_video(synth_videos, tmp_path):
     out = tmp_path / "mem"
-    r = _cli(synth_videos, str(out), "--workers", "2", "--no-progress", "--max-memory", "2G",
+    r = run_cli(synth_videos, str(out), "--workers", "2", "--no-progress", "--max-memory", "2G",
              env={"CONVERT_TEST_FAULT": "alloc:spin/spin_003"})
     assert r.returncode == 0, r.stderr
     report = [json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()]
@@ -189,7 +183,7 @@ def test_memory_limit_turns_a_huge_allocation_into_one_failed_video(synth_videos
 def test_crash_once_is_retried_and_converted(synth_videos, tmp_path):
     marker = tmp_path / "crashed-once"
     out = tmp_path / "o"
-    r = _cli(synth_videos, str(out), "--workers", "1", "--no-progress",
+    r = run_cli(synth_videos, str(out), "--workers", "1", "--no-progress",
              env={"CONVERT_TEST_FAULT": f"crash_once:move_left/move_left_000:{marker}"})
     assert r.returncode == 0, r.stderr
     assert marker.exists()
@@ -211,7 +205,7 @@ def test_unusable_arguments_fail_before_any_work(synth_videos, tmp_path, args, m
     (tmp_path / "notempty" / "x").write_text("x")
     subst = {"SYNTH": synth_videos, "OUT": str(tmp_path / "out"), "BADCSV": str(bad_csv),
              "NOTEMPTY": str(tmp_path / "notempty")}
-    r = _cli(*[subst.get(a, a) for a in args])
+    r = run_cli(*[subst.get(a, a) for a in args])
     assert r.returncode == 2
     assert message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -220,17 +214,17 @@ def test_unusable_arguments_fail_before_any_work(synth_videos, tmp_path, args, m
 
 def test_rerun_is_a_no_op_and_other_settings_are_refused(synth_videos, tmp_path):
     out = tmp_path / "o"
-    assert _cli(synth_videos, str(out), "--workers", "2", "--no-progress").returncode == 0
+    assert run_cli(synth_videos, str(out), "--workers", "2", "--no-progress").returncode == 0
     mtimes = {p: os.path.getmtime(p) for p in (out / "shards").glob("*/data.mdb")}
-    r = _cli(synth_videos, str(out), "--workers", "2", "--no-progress")
+    r = run_cli(synth_videos, str(out), "--workers", "2", "--no-progress")
     assert r.returncode == 0 and "already complete" in r.stdout
     assert mtimes == {p: os.path.getmtime(p) for p in (out / "shards").glob("*/data.mdb")}
-    r = _cli(synth_videos, str(out), "--codec", "lz4")
+    r = run_cli(synth_videos, str(out), "--codec", "lz4")
     assert r.returncode == 2 and "codec 'raw' -> 'lz4'" in r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["backend"] = "tfrecord"
     (out / "manifest.json").write_text(json.dumps(manifest))
-    r = _cli(synth_videos, str(out))
+    r = run_cli(synth_videos, str(out))
     assert r.returncode == 2 and "holds tfrecord shards, asked for lmdb" in r.stderr
 
 
@@ -238,8 +232,8 @@ def test_verify_names_what_is_wrong(synth_videos, tmp_path):
     import lmdb
 
     out = tmp_path / "o"
-    assert _cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
-    r = _cli("verify", str(out))
+    assert run_cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    r = run_cli("verify", str(out))
     assert r.returncode == 0 and "ok (2 shards, 20 videos" in r.stdout
     env = lmdb.open(str(out / "shards" / "shard-00001"), map_size=1 << 30)
     with env.begin(write=True) as txn:
@@ -248,26 +242,26 @@ def test_verify_names_what_is_wrong(synth_videos, tmp_path):
         value[-1] ^= 0xFF
         txn.put(key, bytes(value))
     env.close()
-    r = _cli("verify", str(out))
+    r = run_cli("verify", str(out))
     assert r.returncode == 1
     assert f"shard-00001: {key.decode()}: payload crc32" in r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["shards"][0]["sha256"] = "0" * 64
     (out / "manifest.json").write_text(json.dumps(manifest))
-    r = _cli("verify", str(out))
+    r = run_cli("verify", str(out))
     assert "shard-00000: checksum" in r.stderr and "differs from manifest 0000000000000000" in r.stderr
     import shutil
 
     shutil.rmtree(out / "shards" / "shard-00000")
-    r = _cli("verify", str(out))
+    r = run_cli("verify", str(out))
     assert "shard-00000: missing" in r.stderr
 
 
 def test_inspect_summary_and_sheet(synth_videos, tmp_path):
     out = tmp_path / "o"
-    assert _cli(synth_videos, str(out), "--workers", "2", "--codec", "lz4", "--no-progress").returncode == 0
+    assert run_cli(synth_videos, str(out), "--workers", "2", "--codec", "lz4", "--no-progress").returncode == 0
     sheet = tmp_path / "sheet.png"
-    r = _cli("inspect", str(out), "--sheet", str(sheet), "--rows", "5")
+    r = run_cli("inspect", str(out), "--sheet", str(sheet), "--rows", "5")
     assert r.returncode == 0, r.stderr
     store = open_clips(str(out))
     counts = np.bincount(store.labels(), minlength=5)
@@ -285,7 +279,7 @@ def test_dask_cluster_gives_the_same_shards(synth_videos, tmp_path):
     a = run_job(synth_videos, str(tmp_path / "joblib"), ConvertConfig(), _opts(shards=3))
     # In a subprocess: importing distributed installs tblib's exception pickling
     # process-wide, which DALI's worker unpickler (used by later tests) refuses.
-    r = _cli(synth_videos, str(tmp_path / "dask"), "--dask", "local", "--workers", "2", "--shards", "3",
+    r = run_cli(synth_videos, str(tmp_path / "dask"), "--dask", "local", "--workers", "2", "--shards", "3",
              "--no-progress")
     assert r.returncode == 0, r.stderr
     b = json.loads((tmp_path / "dask" / "manifest.json").read_text())

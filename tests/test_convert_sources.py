@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -108,3 +109,106 @@ def test_class_folders(tmp_path):
 def test_missing_source_is_one_clear_error(tmp_path):
     with pytest.raises(SourceError, match="no such file or directory"):
         load_source(str(tmp_path / "nope"))
+
+
+def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(tmp_path):
+    root = tmp_path / "v"
+    _touch_video(str(root / "ok_000001_000011.mp4"))
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER
+                   + "dance,ok,1,11,train\n"
+                   + "dance,a,inf,10,train\n"
+                   + "\n"                                   # blank lines do not shift the numbering
+                   + "dance,b,-inf,10,train\n"
+                   + "dance,c,nan,10,train\n"
+                   + "dance,d,,10,train\n"
+                   + "dance,e,ten,20,train\n"
+                   + "dance,f,-5,5,train\n"
+                   + "dance,g,0,1e400,train\n"
+                   + "dance,h,20,10,train\n"
+                   + ",i,1,11,train\n"
+                   + "dance,j,1\n")                           # short row: time_end empty
+    src = from_csv(str(csv), str(root))
+    assert [it.id for it in src.items] == ["ok_000001_000011"]
+    assert [(p.id, p.status, p.reason) for p in src.problems] == [
+        ("a", "rejected", "line 3: time_start 'inf' is not a finite number of seconds >= 0"),
+        ("b", "rejected", "line 5: time_start '-inf' is not a finite number of seconds >= 0"),
+        ("c", "rejected", "line 6: time_start 'nan' is not a finite number of seconds >= 0"),
+        ("d", "rejected", "line 7: time_start '' is not a number"),
+        ("e", "rejected", "line 8: time_start 'ten' is not a number"),
+        ("f", "rejected", "line 9: time_start '-5' is not a finite number of seconds >= 0"),
+        ("g", "rejected", "line 10: time_end '1e400' is not a finite number of seconds >= 0"),
+        ("h", "rejected", "line 11: time_end '10' is before time_start '20'"),
+        ("i_000001_000011", "rejected", "line 12: no label"),
+        ("j", "rejected", "line 13: time_end '' is not a number"),
+    ]
+
+
+def test_csv_job_with_an_inf_row_reports_it_and_converts_the_rest(tmp_path):
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    root = tmp_path / "v"
+    _touch_video(str(root / "ok_000001_000011.mp4"))
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "dance,ok,1,11,train\ndance,bad,inf,10,train\n")
+    out = tmp_path / "out"
+    result = run_job(str(csv), str(out), ConvertConfig(short="loop"), JobOptions(workers=1, progress=False),
+                     videos=str(root))
+    assert result["status_counts"] == {"padded": 1, "rejected": 1}
+    report = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert report[0] == {"id": "bad", "path": str(csv), "status": "rejected",
+                         "reason": "line 3: time_start 'inf' is not a finite number of seconds >= 0"}
+
+
+def test_csv_that_the_csv_module_cannot_parse_is_one_clear_error(tmp_path):
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "dance,a,1,11,train\n" + "dance," + "x" * 200_000 + ",1,11,train\n")
+    with pytest.raises(SourceError, match=r"k.csv: not readable as CSV after line 2: field larger than field limit"):
+        from_csv(str(csv), str(tmp_path))
+
+
+def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
+    root = tmp_path / "v"
+    for stem in ("t1_000000_000010", "t2_000000_000010", "t3_000000_000010", "v1_000000_000010"):
+        _touch_video(str(root / f"{stem}.mp4"))
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "juggling,t1,0,10,train\nbowling,t2,0,10,train\nzumba,t3,0,10,train\n"
+                   + "zumba,v1,0,10,val\n" + "archery,t4,0,10,test\n")  # no video: its class still counts
+    train = from_csv(str(csv), str(root), split="train")
+    val = from_csv(str(csv), str(root), split="val")
+    assert train.classes == val.classes == ["archery", "bowling", "juggling", "zumba"]
+    assert [(it.id, it.label) for it in val.items] == [("v1_000000_000010", 3)]
+    assert [(it.id, it.label) for it in train.items] == [("t1_000000_000010", 2), ("t2_000000_000010", 1),
+                                                         ("t3_000000_000010", 3)]
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    manifests = [run_job(str(csv), str(tmp_path / split), ConvertConfig(short="loop"),
+                         JobOptions(workers=1, progress=False), videos=str(root), split=split)
+                 for split in ("train", "val")]
+    assert [m["classes"] for m in manifests] == [["archery", "bowling", "juggling", "zumba"]] * 2
+    assert [m["totals"]["videos"] for m in manifests] == [3, 1]
+    (tmp_path / "classes.txt").write_text("zumba\njuggling\nbowling\n")
+    fixed = from_csv(str(csv), str(root), split="val", classes_file=str(tmp_path / "classes.txt"))
+    assert fixed.classes == ["zumba", "juggling", "bowling"] and fixed.items[0].label == 0
+
+
+def test_videos_root_check_is_lexical_and_follows_symlinks_as_the_help_says(tmp_path):
+    from convert.cli import build_parser
+
+    outside = tmp_path / "elsewhere" / "real.mp4"
+    _touch_video(str(outside))
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(outside, root / "linked.mp4")                  # inside the root, pointing out of it
+    lst = tmp_path / "list.txt"
+    lst.write_text("linked.mp4 0\nsub/../linked.mp4 0\n../elsewhere/real.mp4 0\n")
+    src = from_list(str(lst), str(root))
+    assert [(it.id, it.path) for it in src.items] == [("linked", str(root / "linked.mp4"))]
+    assert [(p.id, p.reason) for p in src.problems] == [
+        ("../elsewhere/real", f"line 3: path escapes the video root {root}"),
+        ("linked", "duplicate video id")]
+    help_text = " ".join(build_parser().format_help().split())
+    assert ("Entries are checked lexically, after normalising '..': one that leaves the root is rejected; "
+            "symlinks inside the root are followed wherever they point, by design") in help_text

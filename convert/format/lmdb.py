@@ -268,8 +268,13 @@ class LmdbWriter(ShardWriter):
                 raise
 
     def forget_video(self, video_id: str) -> None:
-        """Remove a video's record and clips in one transaction (to convert it again)."""
+        """Remove a video's record and clips, and the shard's completion mark, in one transaction.
+
+        The video is then pending again, as if never converted (``--retry-failed``);
+        ``finish`` computes the shard's summary anew.
+        """
         with self.env.begin(write=True) as txn:
+            txn.delete(COMPLETE_KEY)
             txn.delete(done_key(video_id))
             prefix = CLIP_PREFIX + video_id.encode("utf-8") + b"/"
             for key in [bytes(k) for k, _ in iter_prefix(txn, prefix)]:

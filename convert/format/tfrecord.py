@@ -336,10 +336,16 @@ class TFRecordWriter(ShardWriter):
         self._parts.append(commit)
 
     def forget_video(self, video_id: str) -> None:
-        """Drop a video without clips from its committed part's record, to convert it again."""
+        """Drop a video without clips from its committed part's record, to convert it again.
+
+        The shard's summary goes too (``finish`` computes it anew).
+        """
         rec = self._done.get(video_id)
         if rec is None:
             return
+        done = os.path.join(self.path, COMPLETE_FILE)
+        if os.path.exists(done):
+            os.remove(done)
         if rec.clips:
             raise ValueError(f"{self.path}: {video_id} has clips; only videos without clips can be converted again")
         for part in self._parts:

@@ -1,0 +1,22 @@
+"""Helpers the conversion tests share: running ``python -m convert`` as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m convert ARGS`` from the worktree root, output captured, extra environment merged in."""
+    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def popen_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """The same, started in its own session (so a test can kill the job and its shard processes)."""
+    return subprocess.Popen([sys.executable, "-m", "convert", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})},
+                            start_new_session=True)

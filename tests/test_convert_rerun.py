@@ -1,0 +1,253 @@
+"""Reruns and concurrency on one OUT: the lock, missing shards, new source entries, retrying failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from .convert_helpers import popen_cli, run_cli
+
+# class folder -> shared files in it: a few seconds to convert in all
+TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_buck_bunny_432_433.webm",
+                                                                 "mmaction2__test.avi"]}
+
+
+@pytest.fixture()
+def tiny_tree(tmp_path, shared_videos) -> str:
+    """Class folders of symlinks to shared videos (read in place); per test, so tests may add to it."""
+    root = tmp_path / "src"
+    for cls, names in TINY.items():
+        (root / cls).mkdir(parents=True)
+        for name in names:
+            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+    return str(root)
+
+
+def test_two_jobs_at_once_one_runs_the_other_names_it(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    # The hang keeps the winner busy for the timeout, so the two surely overlap.
+    env = {"CONVERT_TEST_FAULT": "hang:a/mmcv__test"}
+    args = (tiny_tree, out, "--workers", "2", "--shards", "2", "--video-timeout", "3", "--retries", "0",
+            "--no-progress")
+    procs = [popen_cli(*args, env=env) for _ in range(2)]
+    results = [(p, *p.communicate(timeout=120)) for p in procs]
+    codes = sorted(p.returncode for p, _, _ in results)
+    assert codes == [0, 2], [(p.returncode, err) for p, _, err in results]
+    winner = next(p for p, _, _ in results if p.returncode == 0)
+    _, _, err = next(r for r in results if r[0].returncode == 2)
+    assert err.count("\n") == 1
+    assert f"{out}: another conversion is writing it (host {socket.gethostname()}, pid {winner.pid}, since " in err
+    manifest = json.loads(open(os.path.join(out, "manifest.json")).read())
+    assert manifest["status_counts"] == {"failed": 1, "ok": 3}
+    assert run_cli("verify", out).returncode == 0
+    assert not [n for n in os.listdir(out) if ".tmp" in n]
+
+
+def test_a_killed_jobs_lock_is_taken_over(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    proc = popen_cli(tiny_tree, out, "--workers", "1", "--video-timeout", "60", "--no-progress",
+                  env={"CONVERT_TEST_FAULT": "hang:a/mmcv__test"})
+    lock = os.path.join(out, ".lock")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (os.path.exists(lock) and f'"pid": {proc.pid}' in open(lock).read()):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads(open(lock).read())["pid"] == proc.pid  # the dead job's name is still in the file
+    r = run_cli(tiny_tree, out, "--workers", "1", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(open(os.path.join(out, "manifest.json")).read())["status_counts"] == {"ok": 4}
+    assert run_cli("verify", out).returncode == 0
+
+
+def _files(out: str) -> dict:
+    """Bytes and mtime of every file under OUT/shards."""
+    found = {}
+    for dirpath, _, names in os.walk(os.path.join(out, "shards")):
+        for name in names:
+            p = os.path.join(dirpath, name)
+            found[os.path.relpath(p, out)] = (open(p, "rb").read(), os.stat(p).st_mtime_ns)
+    return found
+
+
+def _manifest(out: str) -> dict:
+    m = json.loads(open(os.path.join(out, "manifest.json")).read())
+    m.pop("created")
+    return m
+
+
+def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp_path):
+    import shutil
+
+    out = str(tmp_path / "out")
+    assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    first, before = _manifest(out), _files(out)
+    shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
+    r = run_cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"convert: {out}: 1 shard(s) missing (shard-00001); converting them again" in r.stderr
+    assert f", {first['shards'][1]['clips']} clips converted in this run, " in r.stdout  # not all the clips
+    assert "already complete" not in r.stdout
+    after = _files(out)
+    assert {k: v for k, v in after.items() if "shard-00000" in k} == {k: v for k, v in before.items()
+                                                                      if "shard-00000" in k}
+    assert _manifest(out) == first
+    # A shard folder whose data file alone is gone counts as missing too.
+    os.remove(os.path.join(out, "shards", "shard-00000", "data.mdb"))
+    r = run_cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 0 and "(shard-00000)" in r.stderr, r.stderr
+    assert {k: v for k, v in _files(out).items() if "shard-00001" in k} == {k: v for k, v in after.items()
+                                                                            if "shard-00001" in k}
+    assert _manifest(out) == first
+    assert run_cli("verify", out).returncode == 0
+    r = run_cli(tiny_tree, out, "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout
+
+
+def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tree, tmp_path, shared_videos):
+    from loaders import open_clips
+
+    out = str(tmp_path / "out")
+    assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    first, before = _manifest(out), _files(out)
+    for cls, name in (("a", "mmaction2__demo.mp4"), ("b", "moviepy__no_duration.webm")):
+        os.symlink(os.path.join(shared_videos, name), os.path.join(tiny_tree, cls, name))
+    r = run_cli(tiny_tree, out, "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout
+    assert (f"convert: {out}: 2 video(s) in the source are not in the plan; rerun with --add-new "
+            f"to convert them into new shards\n") in r.stderr
+    assert _files(out) == before
+
+    r = run_cli(tiny_tree, out, "--workers", "2", "--add-new", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert f"adding 2 new video(s) as 2 new shard(s), shard-00002 to shard-00003" in r.stderr
+    assert _files(out).items() >= before.items()  # every old shard file, byte for byte and untouched
+    plan = json.loads(open(os.path.join(out, "plan.json")).read())
+    assert [s["name"] for s in plan["shards"]] == [f"shard-0000{i}" for i in range(4)]
+    assert plan["added"] == [{"first_shard": 2, "shards": 2, "videos": 2}]
+    assert sorted(it[0] for s in plan["shards"][2:] for it in s["items"]) == ["a/mmaction2__demo",
+                                                                            "b/moviepy__no_duration"]
+    m = _manifest(out)
+    assert [s["name"] for s in m["shards"]] == [s["name"] for s in plan["shards"]]
+    assert m["shards"][:2] == first["shards"]
+    assert m["totals"]["videos"] == 6 and m["totals"]["clips"] == first["totals"]["clips"] + 17 + 4
+    assert m["status_counts"] == {"ok": 6}
+    assert {"a/mmaction2__demo", "b/moviepy__no_duration"} <= set(open_clips(out).video_ids)
+    assert run_cli("verify", out).returncode == 0
+    r = run_cli(tiny_tree, out, "--add-new", "--no-progress")
+    assert r.returncode == 0 and "already complete" in r.stdout and "not in the plan" not in r.stderr
+    # A new class would shift the labels already stored: refused, nothing touched.
+    os.makedirs(os.path.join(tiny_tree, "c"))
+    os.symlink(os.path.join(shared_videos, "torchcodec__h265_video.mp4"), os.path.join(tiny_tree, "c", "h.mp4"))
+    done = _files(out)
+    r = run_cli(tiny_tree, out, "--add-new", "--no-progress")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"{out}: the source's class list differs from the plan's (new: c); adding videos cannot relabel" in r.stderr
+    assert _files(out) == done
+
+
+def test_a_shard_that_cannot_start_reports_the_cause_from_its_log(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    os.remove(os.path.join(out, "manifest.json"))  # unfinished again
+    data = os.path.join(out, "shards", "shard-00001", "data.mdb")
+    os.truncate(data, 4096)  # the first meta page only: LMDB refuses the file
+    r = run_cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 1
+    log = os.path.join(out, "logs", "shard-00001.log")
+    assert r.stderr == (f"convert: error: shard-00001: shard process died while starting: lmdb.InvalidError: "
+                        f"{os.path.dirname(data)}: MDB_INVALID: File is not an LMDB file; see {log}\n")
+    assert "lmdb.InvalidError" in open(log).read().splitlines()[-1]
+
+
+def test_last_error_takes_the_final_exception_of_the_last_traceback():
+    from convert.supervise import describe_exit, last_error
+
+    log = ("2024 shard 1 growing LMDB map\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+           "ValueError: old run\nTraceback (most recent call last):\n  File \"w.py\", line 9, in main\n"
+           "    env = lmdb.open(path)\n          ^^^^^^^^^^^^^^^\n"
+           "lmdb.CorruptedError: mdb_txn_begin: MDB_CORRUPTED: Located page was wrong type\n")
+    assert last_error(log) == "lmdb.CorruptedError: mdb_txn_begin: MDB_CORRUPTED: Located page was wrong type"
+    assert last_error("2024 shard 1 growing LMDB map\n") is None
+    assert describe_exit(-9, "shard process") == "shard process killed by SIGKILL (out of memory?)"
+    assert describe_exit(-11) == "decoder process killed by SIGSEGV"
+
+
+def _report(out: str) -> dict:
+    return {json.loads(line)["id"]: json.loads(line) for line in open(os.path.join(out, "report.jsonl"))}
+
+
+def test_retry_failed_converts_failed_videos_again_and_keeps_the_rest(tiny_tree, tmp_path):
+    from loaders import open_clips
+
+    out = str(tmp_path / "out")
+    crash = {"CONVERT_TEST_FAULT": "crash:a/mmcv__test"}
+    args = ("--workers", "2", "--shards", "2", "--no-progress")
+    assert run_cli(tiny_tree, out, *args, env=crash).returncode == 0
+    assert _report(out)["a/mmcv__test"]["reason"] == "decoder process killed by SIGSEGV; 2 attempts"
+    clean = str(tmp_path / "clean")
+    assert run_cli(tiny_tree, clean, *args).returncode == 0
+    before = _files(out)
+    failed_shard = next(s["name"] for s in json.loads(open(os.path.join(out, "plan.json")).read())["shards"]
+                        if any(it[0] == "a/mmcv__test" for it in s["items"]))
+
+    # Still crashing: the record is replaced by the new attempt's, nothing else changes.
+    r = run_cli(tiny_tree, out, "--retry-failed", "--no-progress", env=crash)
+    assert r.returncode == 0, r.stderr
+    assert f"convert: {out}: retrying 1 video(s) recorded as failed, in 1 shard(s)" in r.stderr
+    assert _report(out)["a/mmcv__test"]["reason"] == "decoder process killed by SIGSEGV; 2 attempts"
+    assert {k: v for k, v in _files(out).items() if failed_shard not in k} == \
+        {k: v for k, v in before.items() if failed_shard not in k}
+
+    r = run_cli(tiny_tree, out, "--retry-failed", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert _report(out) == {}
+    assert {k: v for k, v in _files(out).items() if failed_shard not in k} == \
+        {k: v for k, v in before.items() if failed_shard not in k}
+    a, b = _manifest(out), _manifest(clean)
+    assert a["shards"] == b["shards"] and a["status_counts"] == {"ok": 4}  # same checksums as a clean run
+    assert "a/mmcv__test" in open_clips(out).video_ids
+    assert run_cli("verify", out).returncode == 0
+    r = run_cli(tiny_tree, out, "--retry-failed", "--no-progress")
+    assert "retrying 0 video(s)" in r.stderr and "already complete" in r.stdout
+
+
+def test_retry_failed_in_an_unfinished_out_and_a_kill_during_the_retry_records_nothing(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    args = ("--workers", "1", "--shards", "1", "--no-progress")
+    assert run_cli(tiny_tree, out, *args, env={"CONVERT_TEST_FAULT": "crash:b/mmaction2__test"}).returncode == 0
+    os.remove(os.path.join(out, "manifest.json"))  # unfinished
+    # The retry hangs; the job is killed in the middle of it.
+    proc = popen_cli(tiny_tree, out, "--retry-failed", *args, env={"CONVERT_TEST_FAULT": "hang:b/mmaction2__test"})
+    from convert.format import FormatError
+    from convert.format.lmdb import LmdbReader
+
+    def read_done(shard: str) -> list:
+        reader = LmdbReader(shard)
+        try:
+            return reader.records()
+        finally:
+            reader.close()
+
+    def polled(shard: str) -> set[str]:
+        try:
+            return {r.video_id for r in read_done(shard)}
+        except FormatError:  # lock-free, a poll can race the writer: look again
+            return {"b/mmaction2__test"}
+
+    shard = os.path.join(out, "shards", "shard-00000")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "b/mmaction2__test" in polled(shard):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    records = {r.video_id: r.status for r in read_done(shard)}
+    assert records == {"a/mmaction2__part_0": "ok", "a/mmcv__test": "ok", "b/moviepy__big_buck_bunny_432_433": "ok"}
+    r = run_cli(tiny_tree, out, *args)  # a plain rerun converts the video the retry left pending
+    assert r.returncode == 0, r.stderr
+    assert _report(out) == {} and _manifest(out)["status_counts"] == {"ok": 4}
