@@ -60,6 +60,10 @@ def read_manifest(root: str) -> dict:
         raise FormatError(f"{path}: format version {manifest.get('format_version')} is not one this reader knows "
                           f"({', '.join(map(str, READABLE_VERSIONS))})")
     manifest.setdefault("backend", "lmdb")  # version 1 had one backend
+    classes = manifest.get("classes")
+    if not isinstance(classes, list) or manifest.get("num_classes") != len(classes):
+        raise FormatError(f"{path}: num_classes {manifest.get('num_classes')} but "
+                          f"{len(classes) if isinstance(classes, list) else 'no'} class names")
     return manifest
 
 
