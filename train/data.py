@@ -111,7 +111,8 @@ def dali_builder():
     """``loaders.dali.build_dali_loader``, or a one-line error when DALI or the module is missing."""
     if not dali_installed():
         raise TrainError("--loader dali needs NVIDIA DALI, which is not installed "
-                         "(pip install nvidia-dali-cuda120, or use --loader lmdb)")
+                         "(pip install -e .[dali]: nvidia-dali-cuda130, for torch built for CUDA 13; "
+                         ".[dali-cu12] for CUDA 12; or use --loader lmdb)")
     try:
         from loaders.dali import build_dali_loader
     except ImportError as exc:
