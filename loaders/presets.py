@@ -12,6 +12,7 @@ turns a uint8 batch into normalised floats, on the device.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -216,6 +217,18 @@ def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None) -
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def normalisation_tensors(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device,
+                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mean`` and ``std`` as tensors on ``device``, made once per (values, device, dtype).
+
+    Building them from Python numbers on every call would cost a host-to-device
+    copy (and on CUDA a synchronisation) per micro-batch. Callers must not
+    modify the returned tensors.
+    """
+    return (torch.tensor(mean, dtype=dtype, device=device), torch.tensor(std, dtype=dtype, device=device))
+
+
 def to_model_input(clips: torch.Tensor, *, mean: Sequence[float], std: Sequence[float],
                    device: torch.device | str | None = None, channels_last: bool = False,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -233,12 +246,11 @@ def to_model_input(clips: torch.Tensor, *, mean: Sequence[float], std: Sequence[
         raise ValueError(f"mean and std need {clips.shape[-1]} values (one per channel), "
                          f"got {len(mean)} and {len(std)}")
     x = clips.to(device, non_blocking=True) if device is not None else clips
-    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
-    s = torch.as_tensor(std, dtype=dtype, device=x.device)
+    m, s = normalisation_tensors(tuple(float(v) for v in mean), tuple(float(v) for v in std), x.device, dtype)
     # Normalise while channels are last: mean/std broadcast over the last dim.
     x = x.to(dtype).sub_(m).div_(s).permute(0, 4, 1, 2, 3)
     return x if channels_last else x.contiguous()
 
 
-__all__ = ["KINETICS_MEAN", "KINETICS_STD", "ClipPreset", "CropParams", "apply", "resize_bilinear",
-           "to_model_input"]
+__all__ = ["KINETICS_MEAN", "KINETICS_STD", "ClipPreset", "CropParams", "apply", "normalisation_tensors",
+           "resize_bilinear", "to_model_input"]
