@@ -15,16 +15,19 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from loaders import ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, to_model_input
+from convert.format import unpack_header
+from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, open_clips,
+                     to_model_input)
 
 from .dist import DistInfo
 from .errors import TrainError
 
-__all__ = ["ClipPreset", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "to_model_input"]
+__all__ = ["ClipPreset", "DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data",
+           "check_dataset", "dataset_info", "to_model_input"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -35,6 +38,56 @@ def check_dataset(root: str | None, what: str) -> str:
         raise TrainError(f"{what} {root}: manifest.json missing (not a finished conversion; "
                          f"run python -m convert SRC {root} first)")
     return root
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What the model is built for: class names and the stored clips' length and frame size.
+
+    ``frame`` is (H, W) when every clip has that size, or None when frames keep
+    their aspect ratio (``--short-side`` conversions); ``short_side`` is then the
+    short side every frame has.
+    """
+
+    classes: list[str]
+    clip_len: int
+    frame: tuple[int, int] | None
+    short_side: int | None
+
+
+def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
+    """Classes and clip shape of a conversion, read through the reader; one-line errors when they do not suit.
+
+    The manifest gives the clip length (``clip_shape``, or ``clip.clip_len`` when
+    frames keep their aspect); the first stored clip of every shard is checked
+    against it (a header read each), so a conversion whose clips differ in
+    length fails here rather than in a loader worker. ``crop_size`` must fit the
+    frames (the short side, for ``--short-side`` conversions).
+    """
+    check_dataset(root, flag)
+    try:
+        store = open_clips(root)
+        manifest = store.manifest
+        shape = manifest.get("clip_shape")
+        clip_len = int(shape[0]) if shape else int(manifest["clip"]["clip_len"])
+        starts = np.concatenate(([0], np.cumsum(store.video_clips)[:-1]))
+        first_of_shard = np.flatnonzero(np.diff(store.video_shard, prepend=-1))
+        sample = [int(starts[v]) for v in first_of_shard]
+        seen: dict[int, tuple[int, ...]] = {}
+        store.visit_values(sample, lambda pos, value: seen.__setitem__(pos, unpack_header(value).shape))
+    except (DatasetError, KeyError, TypeError, ValueError) as exc:
+        raise TrainError(f"{flag} {root}: cannot read the clip shape: {exc}") from exc
+    lengths = sorted({s[0] for s in seen.values()} | {clip_len})
+    if len(lengths) > 1:
+        raise TrainError(f"{flag} {root}: stored clips have {' and '.join(map(str, lengths))} frames; the model "
+                         f"needs one clip length (convert again with one --clip-len)")
+    frame = (int(shape[1]), int(shape[2])) if shape else None
+    short = None if shape else (manifest.get("frame_size") or {}).get("short_side")
+    smallest = min(frame) if frame else (int(short) if short else min(min(s[1:3]) for s in seen.values()))
+    if crop_size > smallest:
+        where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
+        raise TrainError(f"{flag} {root}: --crop-size {crop_size} does not fit {where}")
+    return DataShape(list(store.classes), clip_len, frame, int(short) if short else None)
 
 
 class RankSplit(Sampler):

@@ -18,7 +18,7 @@ from . import checkpoint as ckpt_io
 from . import dist
 from .args import build_parser, check_args, default_workers
 from .autobatch import find_batch_size
-from .data import build_eval_data, build_train_data, check_dataset, dali_builder
+from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info
 from .engine import StepConfig, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .metrics import MetricsLog, read_metrics
@@ -27,14 +27,6 @@ from .plots import confusion_png, save_figures
 from .schedule import build_optimizer, build_scheduler, effective_lr
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
-
-
-def dataset_info(root: str) -> tuple[list[str], tuple[int, int, int]]:
-    """Class names and stored clip shape (T, H, W) from a conversion's manifest."""
-    with open(os.path.join(root, "manifest.json")) as f:
-        manifest = json.load(f)
-    shape = manifest.get("clip_shape") or [16, 112, 112, 3]
-    return list(manifest["classes"]), (int(shape[0]), int(shape[1]), int(shape[2]))
 
 
 def _say(info: dist.DistInfo, text: str) -> None:
@@ -148,8 +140,17 @@ def run(args) -> dict[str, Any]:
     if info.is_main:
         ckpt_io.remove_stale_temps(args.out)  # from a save that a kill interrupted
     amp_dtype = AMP_DTYPES[args.amp]
-    classes, stored = dataset_info(root)
-    clip_len = args.clip_len or stored[0]
+    shape = dataset_info(root, args.crop_size)
+    classes = shape.classes
+    if args.clip_len is not None and args.clip_len > shape.clip_len:
+        raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
+                         f"frames)")
+    clip_len = args.clip_len or shape.clip_len
+    if args.val_data:
+        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data")
+        if val_shape.clip_len < clip_len:
+            raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
+                             f"{clip_len}")
 
     model = build_model(args, classes, clip_len, info)
     auto = auto_batch(args, model, clip_len, len(classes), info) if args.batch_size == "auto" else None
