@@ -15,14 +15,14 @@ from train import checkpoint as ckpt_io
 from train.autobatch import find_batch_size, plan_batch
 from train.metrics import EvalAccumulator, merge_eval
 from train.plots import confusion_png, curves_png
-from train.schedule import build_optimizer, build_scheduler, effective_lr, lr_factor
+from train.schedule import build_optimizer, build_scheduler, lr_factor, plan_lr, scaled_lr
 
 
 def test_step_schedule_is_the_papers():
     # 0.003 per 30 clips, /10 every 4 epochs; 10 steps per epoch.
-    assert effective_lr(0.003, 30, 30, True) == pytest.approx(0.003)
-    assert effective_lr(0.003, 240, 30, True) == pytest.approx(0.024)
-    assert effective_lr(0.003, 240, 30, False) == pytest.approx(0.003)
+    assert scaled_lr(0.003, 30, 30, "linear") == pytest.approx(0.003)
+    assert scaled_lr(0.003, 240, 30, "linear") == pytest.approx(0.024)
+    assert scaled_lr(0.003, 240, 30, "none") == pytest.approx(0.003)
     kw = dict(schedule="step", steps_per_epoch=10, total_steps=160, warmup_steps=0, step_epochs=4, gamma=0.1)
     assert lr_factor(0, **kw) == 1.0 and lr_factor(39, **kw) == 1.0
     assert lr_factor(40, **kw) == pytest.approx(0.1)
@@ -155,3 +155,54 @@ def test_colour_permutation_is_keyed_by_clip_not_batch():
         assert sorted(clip[:, 0, 0, 0].tolist()) == [0.0, 1.0, 2.0]  # a permutation, nothing lost
     seen = {tuple(c[:, 0, 0, 0].tolist()) for e in range(4) for c in colour_permutation(x, idx, epoch=e, seed=0)}
     assert len(seen) > 1
+
+
+def _plan(**kw):
+    base = dict(base_lr=0.003, global_batch=960, ref_batch=30, scaling="linear", max_lr=None, warmup_steps=None,
+                warmup_epochs=None, steps_per_epoch=250, epochs=16, schedule="step", step_epochs=4.0)
+    return plan_lr(**{**base, **kw})
+
+
+def test_lr_scaling_cap_and_default_warmup():
+    # 8 GPUs x 120 clips: linear scaling gives 0.003 x 960/30 = 0.096.
+    p = _plan()
+    assert p.lr == pytest.approx(0.096)
+    # Default warm-up: min(5, 16/4, 4/2) = 2 epochs of 250 steps, ramping from --lr (0.003/0.096 = 1/32).
+    assert p.warmup_steps == 500 and p.warmup_from == pytest.approx(1 / 32)
+    assert "0.003 x 960/30 (linear scaling" in p.why and "warm-up 500 steps (2 epochs) from --lr 0.003" in p.why
+    assert "\n" not in p.why
+    kw = dict(schedule="step", steps_per_epoch=250, total_steps=4000, warmup_steps=500, step_epochs=4.0, gamma=0.1,
+              warmup_from=1 / 32)
+    assert lr_factor(0, **kw) == pytest.approx(1 / 32 + (31 / 32) / 500)  # first step: one 500th of the way
+    assert lr_factor(249, **kw) == pytest.approx(1 / 32 + (31 / 32) * 250 / 500)
+    assert lr_factor(499, **kw) == 1.0 and lr_factor(999, **kw) == 1.0
+    assert lr_factor(1000, **kw) == pytest.approx(0.1)  # the step schedule goes on unchanged after the warm-up
+    # Square-root scaling: 0.003 x sqrt(32); cosine schedule: the warm-up is min(5, 16/4) = 4 epochs.
+    p = _plan(scaling="sqrt", schedule="cosine")
+    assert p.lr == pytest.approx(0.003 * 32 ** 0.5) and p.warmup_steps == 1000
+    assert p.warmup_from == pytest.approx(1 / 32 ** 0.5) and "sqrt(960/30)" in p.why
+    # A long cosine run warms up 5 epochs (Goyal et al.), no more.
+    assert _plan(schedule="cosine", epochs=100).warmup_steps == 1250
+    # The cap: 0.05 instead of 0.096, warm-up from 0.003/0.05.
+    p = _plan(max_lr=0.05)
+    assert p.lr == 0.05 and p.warmup_from == pytest.approx(0.06) and p.why.startswith("lr 0.05: --max-lr caps")
+    # No scaling, or a global batch at or below the reference: no warm-up unless asked.
+    assert (_plan(scaling="none").lr, _plan(scaling="none").warmup_steps) == (0.003, 0)
+    p = _plan(global_batch=16)
+    assert p.lr == pytest.approx(0.0016) and p.warmup_steps == 0
+    # An explicit warm-up wins and ramps from 0; 0 switches the default off.
+    p = _plan(warmup_steps=100)
+    assert (p.warmup_steps, p.warmup_from) == (100, 0.0)
+    assert _plan(warmup_epochs=0.5).warmup_steps == 125
+    assert _plan(warmup_steps=0).warmup_steps == 0
+    with pytest.raises(TrainError, match="--max-lr must be positive"):
+        _plan(max_lr=0)
+
+
+def test_lr_scaling_options_parse():
+    from train.args import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--data", "x"]).lr_scaling == "linear"
+    assert parser.parse_args(["--data", "x", "--no-lr-scaling"]).lr_scaling == "none"
+    assert parser.parse_args(["--data", "x", "--lr-scaling", "sqrt", "--max-lr", "0.1"]).max_lr == 0.1

@@ -8,6 +8,7 @@ import os
 import torch
 
 from .errors import TrainError
+from .schedule import SCALINGS
 
 
 def _batch(text: str) -> int | str:
@@ -74,9 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="default sgd (the paper)")
     g.add_argument("--lr", type=float, default=0.003,
                    help="learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
-                        "the paper's); scaled linearly to batch x processes unless --no-lr-scaling")
+                        "the paper's); scaled to batch x processes by --lr-scaling")
     g.add_argument("--lr-ref-batch", type=int, default=30, help="global batch --lr is given for (default 30)")
-    g.add_argument("--no-lr-scaling", action="store_true", help="use --lr as is, whatever the global batch")
+    g.add_argument("--lr-scaling", default="linear", choices=SCALINGS,
+                   help="how --lr follows the global batch: linear (default), sqrt, or none. When the result is "
+                        "above --lr and no warm-up is given, a warm-up is added (see --warmup-steps)")
+    g.add_argument("--no-lr-scaling", dest="lr_scaling", action="store_const", const="none",
+                   help="the same as --lr-scaling none")
+    g.add_argument("--max-lr", type=float, default=None, help="cap on the scaled learning rate (default: none)")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     g.add_argument("--weight-decay", type=float, default=5e-4, help="on weights, not biases (default 5e-4)")
     g.add_argument("--schedule", default="step", choices=("step", "cosine", "constant"),
@@ -85,8 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-step-epochs", type=float, default=4.0, help="step schedule period (default 4 epochs)")
     g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule factor (default 0.1)")
     warm = g.add_mutually_exclusive_group()
-    warm.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up, optimizer steps (default 0)")
-    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up, epochs")
+    warm.add_argument("--warmup-steps", type=int, default=None,
+                      help="linear warm-up from 0, in optimizer steps (default: none when the lr is --lr; when "
+                           "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
+                           "from --lr; 0 turns it off)")
+    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from 0, in epochs")
     g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
     g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
                    help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "

@@ -24,7 +24,7 @@ from .errors import TrainError
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
-from .schedule import build_optimizer, build_scheduler, effective_lr
+from .schedule import build_optimizer, build_scheduler, plan_lr
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 
@@ -162,12 +162,15 @@ def run(args) -> dict[str, Any]:
         raise TrainError(f"--val-data has classes {val.classes}, --data has {classes}: label numbers would differ")
 
     global_batch = args.batch_size * info.world_size
-    lr = effective_lr(args.lr, global_batch, args.lr_ref_batch, not args.no_lr_scaling)
+    plan = plan_lr(base_lr=args.lr, global_batch=global_batch, ref_batch=args.lr_ref_batch, scaling=args.lr_scaling,
+                   max_lr=args.max_lr, warmup_steps=args.warmup_steps, warmup_epochs=args.warmup_epochs,
+                   steps_per_epoch=data.steps_per_epoch, epochs=args.epochs, schedule=args.schedule,
+                   step_epochs=args.lr_step_epochs)
+    lr = plan.lr
     optimizer = build_optimizer(model, args.optimizer, lr, args.momentum, args.weight_decay)
-    warmup = args.warmup_steps if args.warmup_epochs is None else round(args.warmup_epochs * data.steps_per_epoch)
     scheduler = build_scheduler(optimizer, schedule=args.schedule, steps_per_epoch=data.steps_per_epoch,
-                                epochs=args.epochs, warmup_steps=warmup, step_epochs=args.lr_step_epochs,
-                                gamma=args.lr_gamma)
+                                epochs=args.epochs, warmup_steps=plan.warmup_steps, step_epochs=args.lr_step_epochs,
+                                gamma=args.lr_gamma, warmup_from=plan.warmup_from)
     # One code path: a disabled scaler passes scale/step/update straight through.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16", init_scale=args.init_scale,
                                   growth_interval=args.growth_interval)
@@ -206,6 +209,7 @@ def run(args) -> dict[str, Any]:
                f"{device.type} | batch {args.batch_size}/process (accum {args.accum_steps}), global {global_batch} | "
                f"lr {lr:.3g} ({args.schedule}) | amp {args.amp} | {data.steps_per_epoch} steps/epoch | "
                f"loader {args.loader}")
+    _say(info, plan.why)
     if rng is not None:
         ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
     t_start = time.perf_counter()
