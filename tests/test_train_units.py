@@ -206,3 +206,106 @@ def test_lr_scaling_options_parse():
     assert parser.parse_args(["--data", "x"]).lr_scaling == "linear"
     assert parser.parse_args(["--data", "x", "--no-lr-scaling"]).lr_scaling == "none"
     assert parser.parse_args(["--data", "x", "--lr-scaling", "sqrt", "--max-lr", "0.1"]).max_lr == 0.1
+
+
+class _FakeGpu:
+    """Memory a trial step would peak at: fixed + per clip, recorded by the model's forward."""
+
+    def __init__(self, total: int, base: int, per_clip: int) -> None:
+        self.total_bytes, self.base, self.per_clip = total, base, per_clip
+        self.last = 0
+        self.resets = 0
+
+    def __deepcopy__(self, memo):
+        return self  # the probed copy of the model reports to the same fake device
+
+    def total(self, device):
+        return self.total_bytes
+
+    def reset(self, device):
+        self.resets += 1
+        self.last = 0
+
+    def peak(self, device):
+        return self.last
+
+    def release(self):
+        pass
+
+
+class _Fails(torch.nn.Module):
+    """A model whose forward raises ``error`` for batches above ``limit`` clips."""
+
+    def __init__(self, gpu: _FakeGpu, limit: int, error: Exception) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+        self.gpu, self.limit, self.error = gpu, limit, error
+        self.batches: list[int] = []
+
+    def forward(self, x):
+        n = x.shape[0]
+        self.batches.append(n)
+        if n > self.limit:
+            raise self.error
+        self.gpu.last = self.gpu.base + self.gpu.per_clip * n
+        return self.fc(x.mean(dim=(2, 3, 4)))
+
+
+@pytest.mark.parametrize("error", [
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
+                 "non-contiguous input."),
+    RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    RuntimeError("FIND was unable to find an engine to execute this computation"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("CUDA error: invalid configuration argument"),
+    RuntimeError("Expected canUse32BitIndexMath(input) && canUse32BitIndexMath(output) to be true"),
+    torch.AcceleratorError("CUDA error: invalid configuration argument\nCUDA kernel errors might be reported "
+                           "asynchronously"),
+], ids=["oom", "cudnn-not-supported", "cudnn-internal", "no-engine", "cublas-alloc", "launch-config", "int32-index",
+        "accelerator-error"])
+def test_auto_batch_treats_too_large_errors_as_does_not_fit(error):
+    # Memory alone would allow (9000 - 1000) // 10 = 800 clips; the kernel fails above 37.
+    gpu = _FakeGpu(total=10_000, base=1000, per_clip=10)
+    model = _Fails(gpu, limit=37, error=error)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch, details = find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"),
+                                     amp_dtype=None, channels_last=False, headroom=0.9, accum_steps=2, memory=gpu)
+    assert details["micro_batch"] == 37 and batch == 74  # the largest that ran, times the accumulation steps
+    assert details["probes"][2] == 1020 and details["probes"][4] == 1040 and details["probes"][37] == 1370
+    assert all(details["probes"][b] is None for b in details["probes"] if b > 37)
+    assert model.batches == []  # a copy was probed; the model itself never ran
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_auto_batch_reraises_other_errors():
+    gpu = _FakeGpu(total=10_000, base=1000, per_clip=10)
+    model = _Fails(gpu, limit=3, error=RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 3x4)"))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"), amp_dtype=None,
+                        channels_last=False, memory=gpu)
+    model = _Fails(gpu, limit=0, error=torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    with pytest.raises(TrainError, match="not even one clip fits"):
+        find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"), amp_dtype=None,
+                        channels_last=False, memory=gpu)
+
+
+def test_ranks_agree_on_the_smallest_batch_with_one_reduction():
+    from train.autobatch import agree_on_batch
+
+    calls = []
+
+    def reduce_min(ranks):
+        def reduce(value):
+            calls.append(value)
+            return min([value, *ranks])
+        return reduce
+
+    assert agree_on_batch(48, reduce_min([40.0, 56.0])) == 40 and calls == [48.0]
+    # A rank whose probe failed sends 0: it raises its own error, the others a pointer to it; nobody waits.
+    with pytest.raises(TrainError, match="another rank found no batch"):
+        agree_on_batch(48, reduce_min([0.0]))
+    failed = TrainError("--batch-size auto: not even one clip fits on this GPU with the chosen settings")
+    with pytest.raises(TrainError, match="not even one clip fits"):
+        agree_on_batch(failed, reduce_min([48.0]))
+    assert calls[-1] == 0.0

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint as ckpt_io
 from . import dist
 from .args import build_parser, check_args, default_workers
-from .autobatch import find_batch_size
+from .autobatch import agree_on_batch, find_batch_size
 from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info
 from .engine import StepConfig, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
@@ -60,8 +60,6 @@ def build_model(args, classes: list[str], clip_len: int, info: dist.DistInfo) ->
         except ValueError as exc:
             raise TrainError(f"--finetune {args.finetune}: {exc}") from exc
         _say(info, f"fine-tuning from {args.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
-    if args.sync_bn and info.distributed and args.bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model.to(info.device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last_3d)
@@ -73,14 +71,21 @@ def build_model(args, classes: list[str], clip_len: int, info: dist.DistInfo) ->
 
 
 def auto_batch(args, model: nn.Module, clip_len: int, num_classes: int, info: dist.DistInfo) -> dict:
-    """Replace ``--batch-size auto`` by the largest batch every rank can hold."""
+    """Replace ``--batch-size auto`` by the largest batch every rank can hold.
+
+    Each rank probes its own GPU alone (the model is not yet SyncBatchNorm- or
+    DDP-wrapped, so no trial step waits on another rank), then one all-reduce
+    takes the minimum; a rank whose probe failed sends 0 and all ranks stop.
+    """
     crop = args.crop_size // args.downsample
-    batch, details = find_batch_size(model, shape=(clip_len, crop, crop), num_classes=num_classes,
-                                     device=info.device, amp_dtype=AMP_DTYPES[args.amp],
-                                     channels_last=args.channels_last, headroom=args.auto_headroom,
-                                     accum_steps=args.accum_steps)
-    (batch,) = dist.all_reduce([float(batch)], info.device, op="min")
-    args.batch_size = int(batch)
+    try:
+        local, details = find_batch_size(model, shape=(clip_len, crop, crop), num_classes=num_classes,
+                                         device=info.device, amp_dtype=AMP_DTYPES[args.amp],
+                                         channels_last=args.channels_last, headroom=args.auto_headroom,
+                                         accum_steps=args.accum_steps)
+    except TrainError as exc:
+        local, details = exc, {}
+    args.batch_size = agree_on_batch(local, lambda v: dist.all_reduce([v], info.device, op="min")[0])
     _say(info, f"--batch-size auto: {args.batch_size} clips per process (micro-batch "
                f"{args.batch_size // args.accum_steps}, peak <= {args.auto_headroom:.0%} of "
                f"{details['total_bytes'] / 2**30:.0f} GiB, amp {args.amp})")
@@ -154,6 +159,9 @@ def run(args) -> dict[str, Any]:
 
     model = build_model(args, classes, clip_len, info)
     auto = auto_batch(args, model, clip_len, len(classes), info) if args.batch_size == "auto" else None
+    if args.sync_bn and info.distributed and args.bn:
+        # After the auto-batch probe, which must not run collectives: SyncBatchNorm's forward is one.
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     data = build_train_data(args, info)
     if data.classes != classes:
         raise TrainError("the training loader's classes differ from the manifest's")
