@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
                            "from --lr; 0 turns it off)")
     warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from 0, in epochs")
+    g.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)")
     g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
     g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
                    help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
@@ -164,6 +166,8 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        raise TrainError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0.0 <= args.dropout < 1.0:
         raise TrainError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.finetune and not os.path.isfile(args.finetune):

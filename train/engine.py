@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -14,6 +15,7 @@ from torch import nn
 
 from . import dist
 from .data import EvalData, TrainData, to_model_input
+from .errors import TrainError
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 
@@ -24,6 +26,7 @@ class TrainState:
     step: int = 0  # optimizer steps done in the whole run
     epoch: int = 0  # the epoch in progress (or the next one, at a boundary)
     epoch_step: int = 0  # optimizer steps done in this epoch
+    nonfinite: int = 0  # steps whose loss was inf or NaN (fp16: skipped by the GradScaler)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class StepConfig:
     ckpt_every: int = 0
     log_every: int = 10
     progress: bool = False
+    main: bool = True  # this rank prints notes
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -93,7 +97,7 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         bar = tqdm(total=data.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}",
                    dynamic_ncols=True, leave=False)
     loss_acc = torch.zeros((), device=device)
-    window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
+    window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
     it = iter(data)
     for _ in range(remaining):
         t0 = time.perf_counter()
@@ -104,6 +108,7 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         window["wait"] += time.perf_counter() - t0
         clips, labels = batch["clip"], batch["label"]
         optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
         chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
                           batch["index"].chunk(cfg.accum_steps)))
         for j, (xc, yc, ic) in enumerate(chunks):
@@ -120,7 +125,10 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
                 # accumulated gradient is the mean over the whole batch.
                 loss = criterion(out.float(), y) / len(chunks)
                 scaler.scale(loss).backward()
-            loss_acc += loss.detach()
+            step_loss += loss.detach()
+        if _finite_step(step_loss, scaler, state, cfg):
+            loss_acc += step_loss
+            window["finite"] += 1
         if cfg.clip_grad_norm:
             scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
@@ -136,7 +144,7 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         if window["steps"] >= cfg.log_every or stop or state.epoch_step == data.steps_per_epoch:
             _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
             loss_acc.zero_()
-            window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
+            window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
         if stop:
             save(state)
             break
@@ -145,6 +153,34 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
     if bar is not None:
         bar.close()
     return cfg.max_steps is not None and state.step >= cfg.max_steps
+
+
+def _finite_step(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: TrainState,
+                 cfg: StepConfig) -> bool:
+    """Whether this step's loss is finite on every rank; counts it if not, and stops the run unless fp16.
+
+    One host sync per step (the loss value), and under torchrun one tiny
+    all-reduce so every rank takes the same branch. With fp16 a non-finite loss
+    gives non-finite gradients, which the GradScaler skips (and lowers its scale
+    for), so the step is counted, noted and the run goes on; it is not added
+    to the logged loss. With bf16 or fp32 nothing would stop it poisoning the
+    weights: the run stops before the update, naming the step.
+    """
+    value = float(step_loss)
+    (bad,) = dist.all_reduce([0.0 if math.isfinite(value) else 1.0], cfg.device, op="max")
+    if not bad:
+        return True
+    state.nonfinite += 1
+    where = f"step {state.step + 1} (epoch {state.epoch}, step {state.epoch_step + 1} of it)"
+    if not scaler.is_enabled():
+        amp = {torch.bfloat16: "bf16", None: "off"}.get(cfg.amp_dtype, str(cfg.amp_dtype))
+        raise TrainError(f"non-finite training loss ({value}) at {where} with --amp {amp}; stopped before the "
+                         f"update. Lower --lr (or set --max-lr), add --clip-grad-norm, and resume from the last "
+                         f"checkpoint")
+    if cfg.main:
+        print(f"note: non-finite training loss ({value}) at {where}; the fp16 GradScaler skips its update "
+              f"({state.nonfinite} such step(s) in this run)", flush=True)
+    return False
 
 
 def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Optimizer,
@@ -159,13 +195,17 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
     (slowest,) = dist.all_reduce([elapsed], cfg.device, op="max")
     record = {
         "kind": "train", "step": state.step, "epoch": state.epoch + state.epoch_step / data.steps_per_epoch,
-        "loss": loss_sum / (steps * world_size), "lr": optimizer.param_groups[0]["lr"],
+        # Mean over the window's finite steps (a skipped fp16 step adds nothing to loss_sum).
+        "loss": loss_sum / (window["finite"] * world_size) if window["finite"] else float("nan"),
+        "lr": optimizer.param_groups[0]["lr"],
         "clips_per_s": steps * data.batch_size * world_size / max(slowest, 1e-9),
         "data_wait_frac": wait_sum / world_size / max(elapsed, 1e-9),
         "step_time_s": elapsed / steps, "peak_mem_mb": peak_memory_mb(cfg.device),
     }
     if scaler.is_enabled():
         record["grad_scale"] = float(scaler.get_scale())
+    if state.nonfinite:
+        record["nonfinite_steps"] = state.nonfinite
     log.log(record)
     if bar is not None:
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",

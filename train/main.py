@@ -99,7 +99,8 @@ def resume(path: str, args, parts: dict[str, Any], data, classes: list[str], inf
     ckpt_io.check_classes(saved, classes, path)
     for name, obj in parts.items():
         obj.load_state_dict(saved[name])
-    state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"])
+    state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"],
+                       nonfinite=int(saved.get("nonfinite", 0)))
     data.load_state_dict(saved["sampler"])
     rng = None
     if saved["world_size"] == info.world_size and saved["batch_size"] == args.batch_size:
@@ -199,7 +200,7 @@ def run(args) -> dict[str, Any]:
                      colour_perm_seed=args.seed if args.colour_permutation else None,
                      clip_grad_norm=args.clip_grad_norm, max_steps=args.max_steps,
                      ckpt_every=args.ckpt_every, log_every=args.log_every,
-                     progress=info.is_main and not args.no_progress and sys.stderr.isatty())
+                     progress=info.is_main and not args.no_progress and sys.stderr.isatty(), main=info.is_main)
 
     def save(st: TrainState) -> None:
         # Every rank's RNG goes in, so each rank resumes its own dropout stream.
@@ -207,7 +208,7 @@ def run(args) -> dict[str, Any]:
         if info.is_main:
             ckpt_io.save_atomic({
                 **{name: obj.state_dict() for name, obj in parts.items()},
-                "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step,
+                "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
                 "sampler": data.state_dict(consumed=st.epoch_step * args.batch_size),
                 "rng": rngs, "world_size": info.world_size, "batch_size": args.batch_size, "classes": classes,
                 "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
@@ -220,12 +221,13 @@ def run(args) -> dict[str, Any]:
     _say(info, plan.why)
     if rng is not None:
         ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     t_start = time.perf_counter()
     last_eval = None
     while state.epoch < args.epochs and not (args.max_steps and state.step >= args.max_steps):
         data.set_epoch(state.epoch)
         data.set_position(state.epoch_step * args.batch_size)
-        if train_one_epoch(model, ddp, nn.CrossEntropyLoss(), optimizer, scheduler, scaler, data, state, cfg, log,
+        if train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state, cfg, log,
                            save, world_size=info.world_size):
             break  # --max-steps reached; train_one_epoch saved the checkpoint
         state.epoch += 1
@@ -237,6 +239,7 @@ def run(args) -> dict[str, Any]:
 
     summary: dict[str, Any] = {"out": args.out, "checkpoint": latest, "metrics": log.path, "step": state.step,
                                "epoch": state.epoch, "train_seconds": train_s, "batch_size": args.batch_size,
+                               "nonfinite_steps": state.nonfinite,
                                "auto_batch": auto}
     if val is not None and (last_eval is None or last_eval[0] != state.step):
         last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info, "final")
