@@ -90,7 +90,8 @@ def run_config(data: str, work: str, loader: str, amp: str, opts: argparse.Names
     argv = ["--data", data, "--out", out, "--loader", loader, "--amp", amp, "--model-width", str(opts.width),
             "--crop-size", str(opts.crop), "--batch-size", str(opts.batch), "--max-steps", str(opts.steps),
             "--epochs", "1000", "--eval-every", "0", "--log-every", str(opts.log_every), "--no-progress",
-            "--no-tensorboard", "--lr", "0.003", "--workers", str(opts.workers), "--device", device.type]
+            "--no-tensorboard", "--lr", "0.003", "--workers", str(opts.workers), "--device", device.type,
+            "--overwrite"]
     if device.type == "cuda":
         argv.append("--channels-last")
         torch.cuda.reset_peak_memory_stats(device)

@@ -107,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 GradScaler: steps without overflow before the scale doubles (default 2000)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--out", default="runs/c3d", help="checkpoints, metrics.jsonl, eval results, plots")
+    g.add_argument("--out", default="runs/c3d",
+                   help="folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="train from scratch into an --out that already holds a run (without it, that is refused "
+                        "unless --resume)")
     g.add_argument("--resume", action="store_true",
                    help="continue from OUT/checkpoint.pt when it exists (same data order, RNG and schedule); "
                         "starts fresh when it does not, so a restart script can always pass it")

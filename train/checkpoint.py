@@ -80,6 +80,17 @@ def save_atomic(obj: dict[str, Any], path: str) -> str:
     return path
 
 
+def describe_run(out: str) -> str:
+    """What of a training run ``out`` holds ("" when none): its checkpoint's step, or its metrics log."""
+    latest = latest_path(out)
+    if os.path.isfile(latest):
+        return f"{LATEST}"
+    metrics = os.path.join(out, "metrics.jsonl")
+    if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
+        return "metrics.jsonl"
+    return ""
+
+
 def remove_stale_temps(out: str) -> list[str]:
     """Delete temporary files a killed save left behind in ``out``; returns their names."""
     if not os.path.isdir(out):
@@ -110,6 +121,13 @@ def model_state(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
+CLASSES_HINT = ("convert every split with one class list: python -m convert SRC OUT --classes FILE "
+                "(one class name per line)")
+# Settings that decide the shapes of the model's weights or of the optimizer's
+# state: a checkpoint saved with other values cannot be loaded into this run.
+SHAPE_SETTINGS = ("model_width", "bn", "crop_size", "downsample", "clip_len", "optimizer")
+
+
 def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
     """A resumed run must train on the classes the checkpoint was trained on, in the same order."""
     saved = ckpt.get("classes")
@@ -117,6 +135,17 @@ def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
         return
     if len(saved) != len(classes):
         raise TrainError(f"checkpoint {path} was trained on {len(saved)} classes, --data has {len(classes)} "
-                         f"(use --finetune to start a new classifier)")
+                         f"(use --finetune to start a new classifier, or {CLASSES_HINT})")
     if list(saved) != list(classes):
-        raise TrainError(f"checkpoint {path} has the same number of classes as --data but other names or order")
+        raise TrainError(f"checkpoint {path} has the same number of classes as --data but other names or order "
+                         f"({CLASSES_HINT})")
+
+
+def check_settings(ckpt: dict[str, Any], args: Any, path: str) -> None:
+    """One-line error naming every shape-deciding option that differs from the checkpoint's."""
+    saved = ckpt.get("args") or {}
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (this run: {getattr(args, k)})" for k in SHAPE_SETTINGS
+              if k in saved and saved[k] != getattr(args, k)]
+    if differ:
+        raise TrainError(f"checkpoint {path} was saved with " + ", ".join(differ)
+                         + ": pass the checkpoint's values to resume, or another --out to start a new run")

@@ -97,8 +97,13 @@ def resume(path: str, args, parts: dict[str, Any], data, classes: list[str], inf
     """Load a checkpoint into model/optimizer/scaler/scheduler; returns the progress and this rank's RNG state."""
     saved = ckpt_io.load(path)
     ckpt_io.check_classes(saved, classes, path)
+    ckpt_io.check_settings(saved, args, path)
     for name, obj in parts.items():
-        obj.load_state_dict(saved[name])
+        try:
+            obj.load_state_dict(saved[name])
+        except (KeyError, RuntimeError, ValueError) as exc:  # a setting the checkpoint does not record
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrainError(f"checkpoint {path}: its {name} state does not fit this run ({first})") from exc
     state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"],
                        nonfinite=int(saved.get("nonfinite", 0)))
     data.load_state_dict(saved["sampler"])
@@ -142,6 +147,10 @@ def run(args) -> dict[str, Any]:
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
+    held = ckpt_io.describe_run(args.out)
+    if held and not args.resume and not args.overwrite:
+        raise TrainError(f"--out {args.out} holds a run ({held}): pass --resume to continue it, --overwrite to "
+                         f"start it again (its checkpoints and metrics are replaced), or another --out")
     os.makedirs(args.out, exist_ok=True)
     if info.is_main:
         ckpt_io.remove_stale_temps(args.out)  # from a save that a kill interrupted
@@ -168,7 +177,9 @@ def run(args) -> dict[str, Any]:
         raise TrainError("the training loader's classes differ from the manifest's")
     val = build_eval_data(args.val_data, args, info) if args.val_data else None
     if val is not None and val.classes != classes:
-        raise TrainError(f"--val-data has classes {val.classes}, --data has {classes}: label numbers would differ")
+        raise TrainError(f"--val-data has classes {val.classes[:5]}{'...' if len(val.classes) > 5 else ''} "
+                         f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
+                         f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
     global_batch = args.batch_size * info.world_size
     plan = plan_lr(base_lr=args.lr, global_batch=global_batch, ref_batch=args.lr_ref_batch, scaling=args.lr_scaling,
@@ -188,6 +199,11 @@ def run(args) -> dict[str, Any]:
     state, rng = TrainState(), None
     if args.resume and os.path.exists(latest):
         state, rng = resume(latest, args, parts, data, classes, info)
+        if state.epoch >= args.epochs or (args.max_steps and state.step >= args.max_steps):
+            limit = (f"--max-steps {args.max_steps}" if args.max_steps and state.step >= args.max_steps
+                     else f"--epochs {args.epochs}")
+            _say(info, f"note: the run in {args.out} already reached {limit} (step {state.step}, epoch "
+                       f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
     elif args.resume:
         _say(info, f"--resume: no checkpoint in {args.out} yet, starting fresh")
     model_without_ddp = model
@@ -237,7 +253,8 @@ def run(args) -> dict[str, Any]:
         save(state)
     train_s = time.perf_counter() - t_start
 
-    summary: dict[str, Any] = {"out": args.out, "checkpoint": latest, "metrics": log.path, "step": state.step,
+    summary: dict[str, Any] = {"out": args.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
+                               "step": state.step,
                                "epoch": state.epoch, "train_seconds": train_s, "batch_size": args.batch_size,
                                "nonfinite_steps": state.nonfinite,
                                "auto_batch": auto}
@@ -253,6 +270,31 @@ def run(args) -> dict[str, Any]:
     log.close()
     dist.barrier()
     return summary
+
+
+def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:
+    """What a finished run did and where its files are (what ``python -m train`` and the demo print)."""
+    print()
+    print(f"trained {summary['step']} steps ({summary['epoch']} epochs) in {summary['train_seconds']:.0f} s"
+          + (f" ({summary['clips_per_s']:.1f} clips/s)" if summary.get("clips_per_s") else ""))
+    if summary.get("nonfinite_steps"):
+        print(f"non-finite loss in {summary['nonfinite_steps']} step(s) (skipped by the fp16 GradScaler)")
+    ev = summary.get("eval")
+    if ev is not None:
+        print(f"validation: clip top-1 {ev['clip_top1']:.1%}, video top-1 {ev['video_top1']:.1%}, video top-5 "
+              f"{ev['video_top5']:.1%} ({ev['videos']} videos, {ev['clips']} clips; chance "
+              f"{1 / len(ev['classes']):.1%})")
+        if per_class:
+            for name, pc in ev["per_class"].items():
+                print(f"  {name:12s} video acc {pc['video_acc']:.0%}  clip acc {pc['clip_acc']:.0%}")
+    else:
+        print("validation: none (pass --val-data to evaluate)")
+    print(f"checkpoint:        {summary['checkpoint']}")
+    print(f"metrics:           {summary['metrics']}")
+    print(f"curves:            {summary['curves']}")
+    if ev is not None:
+        print(f"eval results:      {summary['eval_files']['json']}")
+        print(f"confusion matrix:  {summary['eval_files']['confusion_png']}")
 
 
 def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -285,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for setup errors)."""
     args = build_parser().parse_args(argv)
     try:
-        run_with_threads(args)
+        summary = run_with_threads(args)
+        if summary.get("is_main"):
+            print_summary(summary)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
