@@ -37,7 +37,7 @@ def test_out_holding_a_run_needs_resume_or_overwrite(tiny_data, tmp_path, capsys
     before = open(tmp_path / "run" / "metrics.jsonl").read()
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP) == 2
     err = _error(capsys)
-    assert "holds a run (checkpoint.pt): pass --resume to continue it, --overwrite to start it again" in err
+    assert "holds a run (checkpoints): pass --resume to continue it, --overwrite to start it again" in err
     assert open(tmp_path / "run" / "metrics.jsonl").read() == before  # nothing truncated
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP + ["--overwrite"]) == 0
     assert final_state(tmp_path / "run")["step"] == 1

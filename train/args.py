@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "~320 MB for C3D, and a memcpy per step)")
     g.add_argument("--ckpt-every", type=int, default=0,
                    help="also checkpoint every N optimizer steps (default 0: at epoch ends and at --max-steps only)")
+    g.add_argument("--keep-last", type=int, default=3,
+                   help="checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
+                        "checkpoint_best.pt the best by validation video top-1")
+    g.add_argument("--early-stop", type=int, default=None, metavar="PATIENCE",
+                   help="stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
+                        "--val-data)")
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate every N epochs (default 1; 0 = only at the end); needs --val-data")
     g.add_argument("--log-every", type=int, default=10, help="optimizer steps per metrics.jsonl line (default 10)")
@@ -170,6 +176,10 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if args.keep_last < 1:
+        raise TrainError(f"--keep-last must be at least 1, got {args.keep_last}")
+    if args.early_stop is not None and (args.early_stop < 1 or not args.val_data or not args.eval_every):
+        raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
     if not 0.0 <= args.label_smoothing < 1.0:
         raise TrainError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0.0 <= args.dropout < 1.0:

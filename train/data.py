@@ -10,8 +10,9 @@ of the clips by rank, so gathered results hold each clip exactly once.
 from __future__ import annotations
 
 import importlib.util
-import os
 import contextlib
+import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -187,6 +188,14 @@ def _reader_errors(flag: str, root: str):
         raise TrainError(f"{flag} {root}: {exc}") from exc
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
+    and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
+    batches until then; the workers end when the trainer closes the loader."""
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def build_train_data(args, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(args.data, "--data")
@@ -212,7 +221,7 @@ def _train_data(root: str, args, info: DistInfo) -> TrainData:
         raise TrainError(f"--data {root}: {len(ds)} clips give this rank {len(sampler)}, fewer than one "
                          f"batch of {args.batch_size}")
     loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, workers=args.workers,
-                          pin_memory=info.device.type == "cuda", drop_last=True)
+                          pin_memory=info.device.type == "cuda", drop_last=True, worker_init_fn=ignore_stop_signals)
     return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
 
 

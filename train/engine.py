@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,6 +31,45 @@ class TrainState:
 
 
 @dataclass
+class BestTracker:
+    """The best validation video top-1 so far, its step, and evaluations since (for ``--early-stop``)."""
+
+    patience: int | None = None
+    best: float | None = None
+    best_step: int | None = None
+    since: int = 0  # evaluations without improvement since the best
+
+    def update(self, value: float, step: int) -> bool:
+        """Record an evaluation; True when it is a new best (strictly better)."""
+        if self.best is None or value > self.best:
+            self.best, self.best_step, self.since = value, step, 0
+            return True
+        self.since += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.patience is not None and self.since >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "since": self.since}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            self.best, self.best_step, self.since = state["best"], state["best_step"], int(state["since"])
+
+
+class StopRequest:
+    """Set by a signal handler (SIGTERM/SIGUSR1: preemption); the loop stops at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
+
+
+@dataclass
 class StepConfig:
     """What one optimizer step needs besides the model and data."""
 
@@ -45,6 +85,7 @@ class StepConfig:
     log_every: int = 10
     progress: bool = False
     main: bool = True  # this rank prints notes
+    stop: StopRequest | None = None
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -79,8 +120,10 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                     data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
-                    save: Callable[[TrainState], None], world_size: int = 1) -> bool:
-    """Run the rest of ``state.epoch``; returns True when ``--max-steps`` stopped it.
+                    save: Callable[[TrainState], None], world_size: int = 1) -> str | None:
+    """Run the rest of ``state.epoch``; returns why it stopped early (``"max_steps"``, ``"signal SIGTERM"``) or None.
+
+    Either way the checkpoint of the last step is saved before returning.
 
     ``model`` is what is called (maybe compiled), ``ddp`` the DistributedDataParallel
     wrapper inside it or None. A batch is one optimizer step for this rank; it
@@ -99,6 +142,7 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
     loss_acc = torch.zeros((), device=device)
     window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
     it = iter(data)
+    stop = None
     for _ in range(remaining):
         t0 = time.perf_counter()
         try:
@@ -126,7 +170,8 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
                 loss = criterion(out.float(), y) / len(chunks)
                 scaler.scale(loss).backward()
             step_loss += loss.detach()
-        if _finite_step(step_loss, scaler, state, cfg):
+        finite, stop = _step_flags(step_loss, scaler, state, cfg)
+        if finite:
             loss_acc += step_loss
             window["finite"] += 1
         if cfg.clip_grad_norm:
@@ -140,36 +185,42 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         window["steps"] += 1
         if bar is not None:
             bar.update(1)
-        stop = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if window["steps"] >= cfg.log_every or stop or state.epoch_step == data.steps_per_epoch:
+        at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
             _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
             loss_acc.zero_()
             window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
-        if stop:
+        if at_max or stop:
             save(state)
             break
         if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
             save(state)
     if bar is not None:
         bar.close()
-    return cfg.max_steps is not None and state.step >= cfg.max_steps
+    if stop:
+        return f"signal {stop}"
+    return "max_steps" if cfg.max_steps is not None and state.step >= cfg.max_steps else None
 
 
-def _finite_step(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: TrainState,
-                 cfg: StepConfig) -> bool:
-    """Whether this step's loss is finite on every rank; counts it if not, and stops the run unless fp16.
+def _step_flags(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: TrainState,
+                cfg: StepConfig) -> tuple[bool, str | None]:
+    """(this step's loss is finite on every rank, the signal that asks every rank to stop, or None).
 
     One host sync per step (the loss value), and under torchrun one tiny
-    all-reduce so every rank takes the same branch. With fp16 a non-finite loss
-    gives non-finite gradients, which the GradScaler skips (and lowers its scale
-    for), so the step is counted, noted and the run goes on; it is not added
-    to the logged loss. With bf16 or fp32 nothing would stop it poisoning the
-    weights: the run stops before the update, naming the step.
+    all-reduce, so every rank takes the same branch at the same step: a signal
+    that reached one rank stops them all after this step. A non-finite loss is
+    counted. With fp16 it gives non-finite gradients, which the GradScaler skips
+    (and lowers its scale for), so the step is noted and the run goes on; it is
+    not added to the logged loss. With bf16 or fp32 nothing would stop it
+    poisoning the weights: the run stops before the update, naming the step.
     """
     value = float(step_loss)
-    (bad,) = dist.all_reduce([0.0 if math.isfinite(value) else 1.0], cfg.device, op="max")
+    asked = cfg.stop.signal if cfg.stop is not None else None
+    signum = float(signal.Signals[asked].value) if asked else 0.0
+    bad, signum = dist.all_reduce([0.0 if math.isfinite(value) else 1.0, signum], cfg.device, op="max")
+    stop = signal.Signals(int(signum)).name if signum else None
     if not bad:
-        return True
+        return True, stop
     state.nonfinite += 1
     where = f"step {state.step + 1} (epoch {state.epoch}, step {state.epoch_step + 1} of it)"
     if not scaler.is_enabled():
@@ -180,7 +231,7 @@ def _finite_step(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: T
     if cfg.main:
         print(f"note: non-finite training loss ({value}) at {where}; the fp16 GradScaler skips its update "
               f"({state.nonfinite} such step(s) in this run)", flush=True)
-    return False
+    return False, stop
 
 
 def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Optimizer,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,7 +22,7 @@ from . import dist
 from .args import build_parser, check_args, default_workers
 from .autobatch import agree_on_batch, find_batch_size
 from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info
-from .engine import StepConfig, TrainState, evaluate, train_one_epoch
+from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
@@ -27,6 +30,7 @@ from .plots import confusion_png, save_figures
 from .schedule import build_optimizer, build_scheduler, plan_lr
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def _say(info: dist.DistInfo, text: str) -> None:
@@ -92,10 +96,12 @@ def auto_batch(args, model: nn.Module, clip_len: int, num_classes: int, info: di
     return details
 
 
-def resume(path: str, args, parts: dict[str, Any], data, classes: list[str], info: dist.DistInfo
-           ) -> tuple[TrainState, dict | None]:
-    """Load a checkpoint into model/optimizer/scaler/scheduler; returns the progress and this rank's RNG state."""
-    saved = ckpt_io.load(path)
+def resume(path: str, saved: dict[str, Any], args, parts: dict[str, Any], data, classes: list[str],
+           info: dist.DistInfo) -> tuple[TrainState, dict | None]:
+    """Load checkpoint ``saved`` (read from ``path``) into model/optimizer/scaler/scheduler and the sampler.
+
+    Returns the progress and this rank's RNG state (None when the world size or batch changed).
+    """
     ckpt_io.check_classes(saved, classes, path)
     ckpt_io.check_settings(saved, args, path)
     for name, obj in parts.items():
@@ -117,6 +123,24 @@ def resume(path: str, args, parts: dict[str, Any], data, classes: list[str], inf
         state.epoch_step = consumed // (args.batch_size * info.world_size)
     _say(info, f"resumed from {path} at step {state.step} (epoch {state.epoch}, {state.epoch_step} steps into it)")
     return state, rng
+
+
+@contextlib.contextmanager
+def stop_signals(stop: StopRequest):
+    """SIGTERM and SIGUSR1 ask the loop to save and stop at the next step boundary (preemption on clusters).
+
+    Installed only in the main thread (where Python delivers signals); the
+    previous handlers come back afterwards, for library callers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, stop.handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def wrap(model: nn.Module, args, info: dist.DistInfo) -> tuple[nn.Module, DistributedDataParallel | None]:
@@ -154,6 +178,9 @@ def run(args) -> dict[str, Any]:
     os.makedirs(args.out, exist_ok=True)
     if info.is_main:
         ckpt_io.remove_stale_temps(args.out)  # from a save that a kill interrupted
+        if held and args.overwrite and not args.resume:
+            ckpt_io.remove_run(args.out)
+    dist.barrier()
     amp_dtype = AMP_DTYPES[args.amp]
     shape = dataset_info(root, args.crop_size)
     classes = shape.classes
@@ -197,8 +224,11 @@ def run(args) -> dict[str, Any]:
     parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
     latest = ckpt_io.latest_path(args.out)
     state, rng = TrainState(), None
-    if args.resume and os.path.exists(latest):
-        state, rng = resume(latest, args, parts, data, classes, info)
+    tracker = BestTracker(args.early_stop)
+    found = ckpt_io.newest_complete(args.out, lambda text: _say(info, text)) if args.resume else None
+    if found is not None:
+        state, rng = resume(*found, args, parts, data, classes, info)
+        tracker.load_state_dict(found[1].get("best"))
         if state.epoch >= args.epochs or (args.max_steps and state.step >= args.max_steps):
             limit = (f"--max-steps {args.max_steps}" if args.max_steps and state.step >= args.max_steps
                      else f"--epochs {args.epochs}")
@@ -206,29 +236,31 @@ def run(args) -> dict[str, Any]:
                        f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
     elif args.resume:
         _say(info, f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    resumed = found is not None
     model_without_ddp = model
     model, ddp = wrap(model, args, info)
 
     log = MetricsLog(args.out, info.is_main, tensorboard=not args.no_tensorboard)
-    log.start(state.step if args.resume and os.path.exists(latest) else None)
+    log.start(state.step if resumed else None)
     cfg = StepConfig(device=device, amp_dtype=amp_dtype, accum_steps=args.accum_steps,
                      channels_last=args.channels_last, downsample=args.downsample,
                      colour_perm_seed=args.seed if args.colour_permutation else None,
                      clip_grad_norm=args.clip_grad_norm, max_steps=args.max_steps,
                      ckpt_every=args.ckpt_every, log_every=args.log_every,
-                     progress=info.is_main and not args.no_progress and sys.stderr.isatty(), main=info.is_main)
+                     progress=info.is_main and not args.no_progress and sys.stderr.isatty(), main=info.is_main,
+                     stop=StopRequest())
 
     def save(st: TrainState) -> None:
         # Every rank's RNG goes in, so each rank resumes its own dropout stream.
         rngs = dist.all_gather_object(ckpt_io.rng_state())
         if info.is_main:
-            ckpt_io.save_atomic({
+            ckpt_io.save_checkpoint({
                 **{name: obj.state_dict() for name, obj in parts.items()},
                 "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
-                "sampler": data.state_dict(consumed=st.epoch_step * args.batch_size),
+                "sampler": data.state_dict(consumed=st.epoch_step * args.batch_size), "best": tracker.state_dict(),
                 "rng": rngs, "world_size": info.world_size, "batch_size": args.batch_size, "classes": classes,
                 "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-            }, latest)
+            }, args.out, st.step, args.keep_last)
 
     _say(info, f"C3D width {args.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
                f"{device.type} | batch {args.batch_size}/process (accum {args.accum_steps}), global {global_batch} | "
@@ -240,25 +272,39 @@ def run(args) -> dict[str, Any]:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     t_start = time.perf_counter()
     last_eval = None
-    while state.epoch < args.epochs and not (args.max_steps and state.step >= args.max_steps):
-        data.set_epoch(state.epoch)
-        data.set_position(state.epoch_step * args.batch_size)
-        if train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state, cfg, log,
-                           save, world_size=info.world_size):
-            break  # --max-steps reached; train_one_epoch saved the checkpoint
-        state.epoch += 1
-        state.epoch_step = 0
-        if val is not None and args.eval_every and state.epoch % args.eval_every == 0:
-            last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info, f"epoch{state.epoch:03d}")
-        save(state)
+    stopped = None
+    with stop_signals(cfg.stop):
+        while state.epoch < args.epochs and not (args.max_steps and state.step >= args.max_steps):
+            data.set_epoch(state.epoch)
+            data.set_position(state.epoch_step * args.batch_size)
+            stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state, cfg, log,
+                                      save, world_size=info.world_size)
+            if stopped:
+                break  # --max-steps or a signal; train_one_epoch saved the checkpoint
+            state.epoch += 1
+            state.epoch_step = 0
+            improved = False
+            if val is not None and args.eval_every and state.epoch % args.eval_every == 0:
+                last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info,
+                                          f"epoch{state.epoch:03d}")
+                improved = tracker.update(last_eval[1]["video_top1"], state.step)
+            save(state)
+            if improved and info.is_main:
+                ckpt_io.link_atomic(ckpt_io.step_path(args.out, state.step), ckpt_io.best_path(args.out))
+            if tracker.exhausted:
+                stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
+                           f"{tracker.best_step}) in {tracker.since} evaluations")
+                _say(info, stopped)
+                break
     train_s = time.perf_counter() - t_start
 
     summary: dict[str, Any] = {"out": args.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
                                "step": state.step,
                                "epoch": state.epoch, "train_seconds": train_s, "batch_size": args.batch_size,
-                               "nonfinite_steps": state.nonfinite,
-                               "auto_batch": auto}
-    if val is not None and (last_eval is None or last_eval[0] != state.step):
+                               "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
+                               "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(args.out)}}
+    interrupted = bool(stopped and stopped.startswith("signal"))
+    if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
         last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info, "final")
     if last_eval is not None:
         summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
@@ -277,6 +323,12 @@ def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:
     print()
     print(f"trained {summary['step']} steps ({summary['epoch']} epochs) in {summary['train_seconds']:.0f} s"
           + (f" ({summary['clips_per_s']:.1f} clips/s)" if summary.get("clips_per_s") else ""))
+    stopped = summary.get("stopped")
+    if stopped and stopped.startswith("signal"):
+        print(f"stopped by {stopped.split()[1]} at step {summary['step']}: checkpoint saved; run the same command "
+              f"with --resume to continue")
+    elif stopped and stopped.startswith("early stop"):
+        print(f"{stopped}; best checkpoint: {summary['best']['checkpoint']}")
     if summary.get("nonfinite_steps"):
         print(f"non-finite loss in {summary['nonfinite_steps']} step(s) (skipped by the fp16 GradScaler)")
     ev = summary.get("eval")
