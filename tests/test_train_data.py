@@ -6,6 +6,7 @@ import os
 import struct
 
 import pytest
+import torch
 
 from loaders import open_clips
 from train import TrainError
@@ -53,3 +54,24 @@ def test_trainer_refuses_a_clip_len_longer_than_stored(tiny_data, tmp_path, caps
     assert code == 2
     assert "--clip-len 17 is longer than the stored clips of --data (16 frames)" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "run" / "checkpoint.pt")
+
+
+def test_video_epochs_in_the_trainer(tiny_data, tmp_path):
+    """20 videos x 1 clip per epoch at batch 8: 2 steps per epoch (the last 4 dropped), one clip per video."""
+    from train.args import build_parser, check_args
+    from train.data import build_train_data
+    from train.dist import DistInfo
+    from train.main import run_argv
+
+    cpu = torch.device("cpu")
+
+    argv = common(tiny_data, tmp_path / "v") + ["--epoch-mode", "videos", "--batch-size", "8", "--epochs", "2"]
+    s = run_argv(argv)
+    assert s["step"] == 4
+    args = build_parser().parse_args(argv)
+    check_args(args, cpu)
+    data = build_train_data(args, DistInfo(0, 1, 0, cpu, None))
+    assert data.steps_per_epoch == 2 and data.sampler.epoch_size == 20
+    data.set_epoch(1)
+    videos = [v for b in data for v in b["video_id"]]
+    assert len(videos) == 16 and len(set(videos)) == 16  # 16 different videos, one clip each

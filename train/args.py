@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--colour-permutation", action="store_true",
                    help="randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
                         "the crops); for data where colour is a nuisance, such as the synthetic demo")
+    g.add_argument("--epoch-mode", default="clips", choices=("clips", "videos"),
+                   help="clips: an epoch is every stored clip once (default); videos: an epoch is every video "
+                        "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
+                        "usual Kinetics regime; --loader lmdb)")
+    g.add_argument("--clips-per-video", type=int, default=1, help="with --epoch-mode videos (default 1)")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
     g = p.add_argument_group("model")
@@ -176,6 +181,8 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if args.clips_per_video < 1:
+        raise TrainError(f"--clips-per-video must be at least 1, got {args.clips_per_video}")
     if args.keep_last < 1:
         raise TrainError(f"--keep-last must be at least 1, got {args.keep_last}")
     if args.early_stop is not None and (args.early_stop < 1 or not args.val_data or not args.eval_every):

@@ -23,6 +23,7 @@ from torch.utils.data import Sampler
 from convert.format import unpack_header
 from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, open_clips,
                      to_model_input)
+from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
 from .errors import TrainError
@@ -206,6 +207,8 @@ def build_train_data(args, info: DistInfo) -> TrainData:
 def _train_data(root: str, args, info: DistInfo) -> TrainData:
     preset = make_preset(args, train=True)
     if args.loader == "dali":
+        if args.epoch_mode != "clips":
+            raise TrainError("--epoch-mode videos needs --loader lmdb (the DALI reader samples clips)")
         # The DALI reader shards by rank itself (DistributedClipSampler's order)
         # and offers the sampler's set_epoch / set_position / state_dict.
         loader = dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
@@ -214,12 +217,18 @@ def _train_data(root: str, args, info: DistInfo) -> TrainData:
         return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
                          int(loader.steps_per_epoch))
     ds = LmdbClipDataset(root, train=True, preset=preset, seed=args.seed)
-    sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                     seed=args.seed, drop_last=True)
+    if args.epoch_mode == "videos":
+        sampler = VideoEpochSampler(ds.video_index(), clips_per_video=args.clips_per_video,
+                                    num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=args.seed,
+                                    drop_last=True)
+    else:
+        sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                         seed=args.seed, drop_last=True)
     steps = len(sampler) // args.batch_size
     if steps < 1:
-        raise TrainError(f"--data {root}: {len(ds)} clips give this rank {len(sampler)}, fewer than one "
-                         f"batch of {args.batch_size}")
+        unit = "clips" if args.epoch_mode == "clips" else f"clips ({args.clips_per_video} per video)"
+        raise TrainError(f"--data {root}: an epoch of {sampler.epoch_size} {unit} gives this rank {len(sampler)}, "
+                         f"fewer than one batch of {args.batch_size}")
     loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, workers=args.workers,
                           pin_memory=info.device.type == "cuda", drop_last=True, worker_init_fn=ignore_stop_signals)
     return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
