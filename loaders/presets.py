@@ -24,6 +24,7 @@ import torch
 # scaled here to 0..255 because the clips stay uint8 until the device.
 KINETICS_MEAN = tuple(v * 255 for v in (0.43216, 0.394666, 0.37645))
 KINETICS_STD = tuple(v * 255 for v in (0.22803, 0.22145, 0.216989))
+SPATIAL_CROPS = (1, 3)
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,12 @@ class ClipPreset:
     random position, resized to ``crop_size`` by bilinear interpolation
     (half-pixel centres, no antialiasing, rounded to nearest: what OpenCV's
     INTER_LINEAR gives; a flip is applied before the resize). Without it,
-    training takes a random ``crop_size`` square. Evaluation always takes the centre ``crop_size`` square, rounded
-    as torchvision's CenterCrop. ``mean``/``std`` are per RGB channel in
-    0..255 units.
+    training takes a random ``crop_size`` square. Evaluation takes the centre ``crop_size`` square, rounded
+    as torchvision's CenterCrop; with ``spatial_crops=3`` (the usual 3-crop
+    test protocol) the item's epoch number selects one of three squares along
+    the long side: 0 the first (left, or top when H > W), 1 the centre, 2 the
+    last (right, or bottom); the short side is centred. ``mean``/``std`` are
+    per RGB channel in 0..255 units.
     """
 
     train: bool
@@ -76,6 +80,7 @@ class ClipPreset:
     mean: tuple[float, ...] = field(default=KINETICS_MEAN)
     std: tuple[float, ...] = field(default=KINETICS_STD)
     seed: int = 0
+    spatial_crops: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, bool):
@@ -101,6 +106,9 @@ class ClipPreset:
             raise ValueError(f"std must be > 0 per channel, got {self.std}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.spatial_crops not in SPATIAL_CROPS or (self.train and self.spatial_crops != 1):
+            raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 for evaluation only), "
+                             f"got {self.spatial_crops!r}")
 
     def out_shape(self, stored_frames: int) -> tuple[int, int, int, int]:
         """(T, H, W, 3) of what ``apply`` returns for clips of ``stored_frames`` frames."""
@@ -121,8 +129,16 @@ class ClipPreset:
             raise ValueError(f"clip_len {length} is longer than the stored clip ({t_all} frames)")
         if not self.train:
             side = self._check_fits(self.crop_size, h_all, w_all)
-            return CropParams(_centre(t_all, length), _centre(h_all, side), _centre(w_all, side),
-                              side, side, False, t=length)
+            y0, x0 = _centre(h_all, side), _centre(w_all, side)
+            if self.spatial_crops == 3:
+                if epoch not in (0, 1, 2):
+                    raise ValueError(f"with spatial_crops=3 the item's epoch selects the crop (0, 1 or 2), "
+                                     f"got {epoch}")
+                if h_all > w_all:
+                    y0 = (0, y0, h_all - side)[epoch]
+                else:
+                    x0 = (0, x0, w_all - side)[epoch]
+            return CropParams(_centre(t_all, length), y0, x0, side, side, False, t=length)
         if epoch < 0 or index < 0:
             raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")
         rng = np.random.default_rng((self.seed, int(epoch), int(index)))

@@ -221,3 +221,23 @@ def test_to_model_input_reuses_its_mean_std_tensors(monkeypatch):
     # Another dtype is another entry.
     m3, _ = presets.normalisation_tensors(mean, std, torch.device("cpu"), torch.float64)
     assert m3 is not m1 and m3.dtype == torch.float64
+
+
+def test_three_spatial_crops_along_the_long_side():
+    """spatial_crops=3: the item's epoch picks left/centre/right (wide frames) or top/centre/bottom (tall ones)."""
+    wide = ClipPreset(train=False, crop_size=32, spatial_crops=3)
+    got = [wide.params(s, 7, (16, 40, 52)) for s in range(3)]
+    assert [(p.y0, p.x0) for p in got] == [(4, 0), (4, 10), (4, 20)]  # centre y: round(8/2); x: 0, round(20/2), 20
+    assert all((p.t0, p.t, p.h, p.w, p.flip) == (0, 16, 32, 32, False) for p in got)
+    tall = [wide.params(s, 0, (16, 60, 40)) for s in range(3)]
+    assert [(p.y0, p.x0) for p in tall] == [(0, 4), (14, 4), (28, 4)]
+    # The centre view is the plain evaluation crop; one crop ignores the epoch, as before.
+    plain = ClipPreset(train=False, crop_size=32)
+    assert plain.params(5, 7, (16, 40, 52)) == got[1]
+    with pytest.raises(ValueError, match="selects the crop"):
+        wide.params(3, 0, (16, 40, 52))
+    with pytest.raises(ValueError, match="3 for evaluation only"):
+        ClipPreset(train=True, spatial_crops=3)
+    # The pixels: the right view of a clip is its last 32 columns.
+    clip = _clip((16, 40, 52, 3))
+    assert np.array_equal(apply(clip, got[2]), clip[:, 4:36, 20:52])

@@ -8,6 +8,7 @@ import os
 import torch
 
 from .errors import TrainError
+from .data import PROTOCOLS
 from .schedule import SCALINGS
 
 
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom")
     g.add_argument("--auto-headroom", type=float, default=0.85,
                    help="with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)")
+    g.add_argument("--eval-protocol", default="clips", choices=PROTOCOLS,
+                   help="clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
+                        "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)")
+    g.add_argument("--eval-clips", type=int, default=10, help="clips per video with --eval-protocol 10x3 (default "
+                   "10; all when a video has fewer)")
     g.add_argument("--eval-batch-size", type=int, default=None, help="clips per evaluation batch (default: "
                    "--batch-size)")
     g.add_argument("--accum-steps", type=int, default=1,
@@ -181,6 +187,8 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if args.eval_clips < 1:
+        raise TrainError(f"--eval-clips must be at least 1, got {args.eval_clips}")
     if args.clips_per_video < 1:
         raise TrainError(f"--clips-per-video must be at least 1, got {args.clips_per_video}")
     if args.keep_last < 1:

@@ -93,10 +93,11 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
 
 
 class RankSplit(Sampler):
-    """Clips ``rank, rank + world, ...``: every clip on exactly one rank, no padding."""
+    """Items ``rank, rank + world, ...`` of ``items`` (or of ``range(items)``): each on exactly one rank, no padding."""
 
-    def __init__(self, n: int, rank: int, world: int) -> None:
-        self.ids = list(range(rank, n, world))
+    def __init__(self, items: int | Sequence, rank: int, world: int) -> None:
+        items = range(items) if isinstance(items, int) else items
+        self.ids = list(items[rank::world])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids)
@@ -142,11 +143,44 @@ class TrainData:
 
 @dataclass
 class EvalData:
+    """Evaluation batches split over ranks, and the protocol they follow (stated in every report)."""
+
     loader: Any
     classes: list[str]
     mean: Sequence[float]
     std: Sequence[float]
-    num_clips: int
+    num_clips: int  # views over all ranks: clips, or clips x spatial crops
+    protocol: dict = field(default_factory=dict)
+
+
+PROTOCOLS = ("clips", "10x3")
+
+
+def describe_protocol(name: str, clips_per_video: int, crop_size: int) -> dict:
+    """The evaluation protocol as it goes into the console line and ``eval/*.json``."""
+    if name == "clips":
+        return {"name": "clips", "clips_per_video": "all", "spatial_crops": 1, "crop_size": crop_size,
+                "text": f"every stored clip, centre {crop_size}x{crop_size} crop; video score = mean softmax"}
+    return {"name": f"{clips_per_video}x3", "clips_per_video": clips_per_video, "spatial_crops": 3,
+            "crop_size": crop_size,
+            "text": f"{clips_per_video} uniformly spaced stored clips per video (all when fewer) x 3 spatial "
+                    f"{crop_size}x{crop_size} crops along the long side; video score = mean softmax"}
+
+
+def multiview_items(video_clips: Sequence[int], clips_per_video: int, crops: int = 3) -> list[tuple[int, int]]:
+    """(spatial crop, clip index) of every view: per video, ``clips_per_video`` uniformly spaced clips x crops.
+
+    Clip ``j`` of ``N`` in a video of ``n`` clips is the one at ``(2j + 1) n // 2N`` (the centres of N
+    equal parts), so N distinct clips when ``n >= N``; all ``n`` clips otherwise.
+    """
+    items: list[tuple[int, int]] = []
+    start = 0
+    for n in (int(c) for c in video_clips):
+        picks = range(n) if n <= clips_per_video else [(2 * j + 1) * n // (2 * clips_per_video)
+                                                       for j in range(clips_per_video)]
+        items += [(s, start + c) for c in picks for s in range(crops)]
+        start += n
+    return items
 
 
 def make_preset(args, train: bool) -> Any:
@@ -154,6 +188,8 @@ def make_preset(args, train: bool) -> Any:
                               "seed": args.seed}
     if train:
         kwargs["flip"] = not args.no_flip
+    elif args.eval_protocol != "clips":
+        kwargs["spatial_crops"] = 3
     return ClipPreset(**kwargs)
 
 
@@ -244,14 +280,22 @@ def build_eval_data(root: str, args, info: DistInfo) -> EvalData:
 def _eval_data(root: str, args, info: DistInfo) -> EvalData:
     preset = make_preset(args, train=False)
     batch = args.eval_batch_size or args.batch_size
+    protocol = describe_protocol(args.eval_protocol, args.eval_clips, args.crop_size)
+    if args.loader == "dali" and args.eval_protocol != "clips":
+        raise TrainError(f"--eval-protocol {args.eval_protocol} needs --loader lmdb (the DALI reader cuts one "
+                         f"crop per clip)")
     if args.loader == "dali":
         loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                  world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
                                  workers=args.workers)
-        return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips))
+        return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
     ds = LmdbClipDataset(root, train=False, preset=preset, seed=args.seed)
-    sampler = RankSplit(len(ds), info.rank, info.world_size)
+    # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
+    # whose first element the 3-crop preset reads as the crop.
+    items = len(ds) if args.eval_protocol == "clips" else multiview_items(ds.store.video_clips, args.eval_clips)
+    sampler = RankSplit(items, info.rank, info.world_size)
     # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
     loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, workers=args.workers,
                           pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False)
-    return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds))
+    return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds) if isinstance(items, int) else
+                    len(items), protocol)

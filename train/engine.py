@@ -290,4 +290,6 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
         acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)))
     states = dist.all_gather_object(acc.state())
     model.train(was_training)
-    return merge_eval(states, data.classes)
+    result = merge_eval(states, data.classes, keep_scores=True)
+    result["protocol"] = dict(data.protocol)
+    return result

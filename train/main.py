@@ -45,7 +45,7 @@ def save_eval(out: str, name: str, result: dict[str, Any]) -> dict[str, str]:
     js = os.path.join(folder, f"{name}.json")
     png = os.path.join(folder, f"{name}_confusion.png")
     with open(js, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump({k: v for k, v in result.items() if k != "video_scores"}, f, indent=1)
     confusion_png(result["confusion"], result["classes"], png, title=f"video-level confusion ({name})")
     return {"json": js, "confusion_png": png}
 
@@ -369,9 +369,9 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, args, cfg: StepConfi
         log.log({"kind": "eval", "step": state.step, "epoch": state.epoch,
                  **{k: v for k, v in result.items() if isinstance(v, (int, float)) and v is not None},
                  "file": files["json"]})
-        print(f"eval @ step {state.step}: clip top-1 {result['clip_top1']:.3f}, top-5 {result['clip_top5']:.3f}, "
-              f"video top-1 {result['video_top1']:.3f} ({result['videos']} videos, {result['clips']} clips)",
-              flush=True)
+        print(f"eval @ step {state.step} ({result['protocol']['name']}: {result['protocol']['text']}): clip top-1 "
+              f"{result['clip_top1']:.3f}, top-5 {result['clip_top5']:.3f}, video top-1 {result['video_top1']:.3f}, "
+              f"top-5 {result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)", flush=True)
     return state.step, result, files
 
 

@@ -59,8 +59,12 @@ class EvalAccumulator:
                 "class_correct": self.class_correct, "class_total": self.class_total, "videos": self.videos}
 
 
-def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, Any]:
-    """Clip top-1/top-5, video accuracy (mean softmax and mean logits), per-class accuracy, confusion matrix."""
+def merge_eval(states: list[dict[str, Any]], classes: list[str], keep_scores: bool = False) -> dict[str, Any]:
+    """Clip top-1/top-5, video accuracy (mean softmax and mean logits), per-class accuracy, confusion matrix.
+
+    With ``keep_scores`` the result also holds ``video_scores``: video ids (sorted), labels and mean
+    softmax as arrays (for export; ``train.main.save_eval`` leaves them out of the JSON).
+    """
     c = len(classes)
     clips = sum(s["clips"] for s in states)
     if clips == 0:
@@ -108,7 +112,14 @@ def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, An
         "per_class": per_class,
         "classes": list(classes),
         "confusion": confusion.tolist(),
-    }
+    } | ({"video_scores": _scores(videos)} if keep_scores else {})
+
+
+def _scores(videos: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
+    ids = sorted(videos)
+    return {"video_ids": np.array(ids), "labels": np.array([videos[v]["label"] for v in ids], np.int64),
+            "probs": np.stack([videos[v]["prob"] / videos[v]["n"] for v in ids]),
+            "views": np.array([videos[v]["n"] for v in ids], np.int64)}
 
 
 def peak_memory_mb(device: torch.device) -> float:
