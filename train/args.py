@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description="Train C3D on converted clip shards. One process: python -m train --data OUT; "
                     "several: torchrun --nproc_per_node N -m train --data OUT. "
-                    "`python -m train demo` runs the synthetic end-to-end demo.")
+                    "`python -m train demo` runs the synthetic end-to-end demo; `python -m train eval --checkpoint "
+                    "CKPT --data OUT` evaluates a checkpoint.")
     g = p.add_argument_group("data")
     g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
     g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")

@@ -265,11 +265,13 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: torch.dtype | None, *,
-             channels_last: bool = False, downsample: int = 1, progress: bool = False) -> dict[str, Any]:
+             channels_last: bool = False, downsample: int = 1, progress: bool = False,
+             features: bool = False) -> dict[str, Any]:
     """Clip and video accuracy over all of ``data``, gathered from every rank.
 
     ``model`` must be the plain module, not the DDP wrapper: ranks hold
     different numbers of clips, and DDP's forward may talk to the other ranks.
+    With ``features`` (a C3D) the per-video mean fc6/fc7 go into ``video_scores`` too.
     """
     was_training = model.training
     model.eval()
@@ -284,10 +286,15 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
     for batch in it:
         x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
         y = batch["label"].to(device, non_blocking=True)
+        feats = None
         with _autocast(device, amp_dtype):
-            logits = model(x)
+            if features:
+                fc6, fc7, logits = model.forward_with_features(x)
+                feats = {"fc6": fc6, "fc7": fc7}
+            else:
+                logits = model(x)
         logits = logits.float()
-        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)))
+        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)), feats)
     states = dist.all_gather_object(acc.state())
     model.train(was_training)
     result = merge_eval(states, data.classes, keep_scores=True)

@@ -50,6 +50,13 @@ def save_eval(out: str, name: str, result: dict[str, Any]) -> dict[str, str]:
     return {"json": js, "confusion_png": png}
 
 
+def eval_line(result: dict[str, Any]) -> str:
+    """The protocol and the accuracies of one evaluation, in one line."""
+    return (f"({result['protocol']['name']}: {result['protocol']['text']}): clip top-1 {result['clip_top1']:.3f}, "
+            f"top-5 {result['clip_top5']:.3f}, video top-1 {result['video_top1']:.3f}, top-5 "
+            f"{result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)")
+
+
 def build_model(args, classes: list[str], clip_len: int, info: dist.DistInfo) -> C3D:
     """C3D for these classes, maybe with fine-tuning weights, on this rank's device."""
     # Same seed on every rank for the weights (DDP copies rank 0's anyway).
@@ -369,9 +376,7 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, args, cfg: StepConfi
         log.log({"kind": "eval", "step": state.step, "epoch": state.epoch,
                  **{k: v for k, v in result.items() if isinstance(v, (int, float)) and v is not None},
                  "file": files["json"]})
-        print(f"eval @ step {state.step} ({result['protocol']['name']}: {result['protocol']['text']}): clip top-1 "
-              f"{result['clip_top1']:.3f}, top-5 {result['clip_top5']:.3f}, video top-1 {result['video_top1']:.3f}, "
-              f"top-5 {result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)", flush=True)
+        print(f"eval @ step {state.step} {eval_line(result)}", flush=True)
     return state.step, result, files
 
 
