@@ -17,6 +17,7 @@ from torch import nn
 from . import dist
 from .data import EvalData, TrainData, to_model_input
 from .errors import TrainError
+from .gpustats import GpuStats, format_gpu
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 
@@ -86,6 +87,7 @@ class StepConfig:
     progress: bool = False
     main: bool = True  # this rank prints notes
     stop: StopRequest | None = None
+    gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -257,10 +259,13 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
         record["grad_scale"] = float(scaler.get_scale())
     if state.nonfinite:
         record["nonfinite_steps"] = state.nonfinite
+    gpu = cfg.gpu.sample() if cfg.gpu is not None else {}
+    record.update(gpu)
     log.log(record)
     if bar is not None:
+        extra = {"gpu": format_gpu(gpu)[4:]} if gpu else {}
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                        clips_s=f"{record['clips_per_s']:.1f}", wait=f"{record['data_wait_frac']:.0%}")
+                        clips_s=f"{record['clips_per_s']:.1f}", wait=f"{record['data_wait_frac']:.0%}", **extra)
 
 
 @torch.no_grad()

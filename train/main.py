@@ -24,6 +24,7 @@ from .autobatch import agree_on_batch, find_batch_size
 from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
+from .gpustats import GpuStats
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
@@ -255,7 +256,7 @@ def run(args) -> dict[str, Any]:
                      clip_grad_norm=args.clip_grad_norm, max_steps=args.max_steps,
                      ckpt_every=args.ckpt_every, log_every=args.log_every,
                      progress=info.is_main and not args.no_progress and sys.stderr.isatty(), main=info.is_main,
-                     stop=StopRequest())
+                     stop=StopRequest(), gpu=GpuStats(device) if info.is_main else None)
 
     def save(st: TrainState) -> None:
         # Every rank's RNG goes in, so each rank resumes its own dropout stream.
@@ -329,7 +330,10 @@ def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:
     """What a finished run did and where its files are (what ``python -m train`` and the demo print)."""
     print()
     print(f"trained {summary['step']} steps ({summary['epoch']} epochs) in {summary['train_seconds']:.0f} s"
-          + (f" ({summary['clips_per_s']:.1f} clips/s)" if summary.get("clips_per_s") else ""))
+          + (f" ({summary['clips_per_s']:.1f} clips/s" if summary.get("clips_per_s") else "")
+          + (f", data wait {summary['data_wait_frac']:.0%}" if summary.get("clips_per_s") else "")
+          + (f", GPU busy {summary['gpu_util_pct']:.0f}%" if "gpu_util_pct" in summary else "")
+          + (")" if summary.get("clips_per_s") else ""))
     stopped = summary.get("stopped")
     if stopped and stopped.startswith("signal"):
         print(f"stopped by {stopped.split()[1]} at step {summary['step']}: checkpoint saved; run the same command "
@@ -361,9 +365,14 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
     train_rows = [r for r in rows if r.get("kind") == "train"]
     if not train_rows:
         return {}
-    return {"clips_per_s": float(np.median([r["clips_per_s"] for r in train_rows])),
-            "data_wait_frac": float(np.median([r["data_wait_frac"] for r in train_rows])),
-            "peak_mem_mb": max(r["peak_mem_mb"] for r in train_rows), "final_loss": train_rows[-1]["loss"]}
+    out = {"clips_per_s": float(np.median([r["clips_per_s"] for r in train_rows])),
+           "data_wait_frac": float(np.median([r["data_wait_frac"] for r in train_rows])),
+           "peak_mem_mb": max(r["peak_mem_mb"] for r in train_rows), "final_loss": train_rows[-1]["loss"]}
+    util = [r["gpu_util_pct"] for r in train_rows if "gpu_util_pct" in r]
+    if util:  # NVML (nvidia-ml-py) was there
+        out["gpu_util_pct"] = float(np.median(util))
+        out["gpu_mem_used_mb"] = max(r["gpu_mem_used_mb"] for r in train_rows if "gpu_mem_used_mb" in r)
+    return out
 
 
 def _eval_and_log(model: nn.Module, val, state: TrainState, args, cfg: StepConfig, log: MetricsLog,
