@@ -131,15 +131,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scripts/device_check.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="tiny width, crop and steps; runs on the CPU")
     p.add_argument("--data", help="use this conversion instead of building synthetic shards")
-    p.add_argument("--work", default="device_check_out", help="folder for shards and runs")
+    p.add_argument("--work", default="device_check_out", help="folder for shards, runs and device_check.json "
+                   "(the compose service passes /out/device_check, the mounted output folder)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per configuration")
     p.add_argument("--batch", type=int, default=None, help="clips per step (default 64; smoke 8)")
     p.add_argument("--workers", type=int, default=None, help="loader processes (default: cores - 2, max 12)")
-    opts = p.parse_args()
+    return p
+
+
+def main() -> int:
+    opts = build_parser().parse_args()
     cuda = torch.cuda.is_available() and not opts.smoke
     device = torch.device("cuda" if cuda else "cpu")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
