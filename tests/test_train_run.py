@@ -175,7 +175,14 @@ def test_device_check_smoke(tiny_data, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "clips/s" in proc.stdout and "MFU" in proc.stdout
-    assert "lmdb" in proc.stdout and "bf16" in proc.stdout
+    result = json.load(open(tmp_path / "dc" / "device_check.json"))
+    rows = {(r["loader"], r["amp"]): r for r in result["rows"]}
+    lmdb = rows[("lmdb", "bf16")]
+    assert "error" not in lmdb and lmdb["batch"] == 8 and lmdb["clips_per_s"] > 0 and 0 <= lmdb["data_wait"] <= 1
+    assert lmdb["mfu"] == pytest.approx(lmdb["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+    assert rows[("all", "fp16")]["error"] == "fp16 needs CUDA: skipped"
+    dali = rows.get(("dali", "bf16"))
+    assert dali is not None and ("error" not in dali or "skipped" in dali["error"])
 
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
