@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train from scratch into an --out that already holds a run (without it, that is refused "
                         "unless --resume)")
     g.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt when it exists (same data order, RNG and schedule); "
-                        "starts fresh when it does not, so a restart script can always pass it")
+                   help="continue from the newest checkpoint in OUT that loads (same data order, RNG and "
+                        "schedule); starts fresh when there is none, so a restart script can always pass it")
     g.add_argument("--seed", type=int, default=0, help="data order, augmentation, init and dropout (default 0)")
     g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
     g.add_argument("--dist-backend", default=None, choices=("nccl", "gloo"),
@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
                         "~320 MB for C3D, and a memcpy per step)")
     g.add_argument("--ckpt-every", type=int, default=0,
-                   help="also checkpoint every N optimizer steps (default 0: at epoch ends and at --max-steps only)")
+                   help="also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
+                        "SIGTERM/SIGUSR1 only)")
     g.add_argument("--keep-last", type=int, default=3,
                    help="checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
                         "checkpoint_best.pt the best by validation video top-1")
