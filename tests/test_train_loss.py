@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 from torch import nn
 
 import train.main
-from train import TrainError
 from train import checkpoint as ckpt_io
 from train.args import build_parser, check_args
 from train.data import build_train_data
