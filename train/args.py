@@ -8,6 +8,8 @@ import os
 import torch
 
 from .errors import TrainError
+from .data import PROTOCOLS
+from .schedule import SCALINGS
 
 
 def _batch(text: str) -> int | str:
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description="Train C3D on converted clip shards. One process: python -m train --data OUT; "
                     "several: torchrun --nproc_per_node N -m train --data OUT. "
-                    "`python -m train demo` runs the synthetic end-to-end demo.")
+                    "`python -m train demo` runs the synthetic end-to-end demo; `python -m train eval --checkpoint "
+                    "CKPT --data OUT` evaluates a checkpoint.")
     g = p.add_argument_group("data")
     g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
     g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")
@@ -43,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--colour-permutation", action="store_true",
                    help="randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
                         "the crops); for data where colour is a nuisance, such as the synthetic demo")
+    g.add_argument("--epoch-mode", default="clips", choices=("clips", "videos"),
+                   help="clips: an epoch is every stored clip once (default); videos: an epoch is every video "
+                        "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
+                        "usual Kinetics regime; --loader lmdb)")
+    g.add_argument("--clips-per-video", type=int, default=1, help="with --epoch-mode videos (default 1)")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
     g = p.add_argument_group("model")
@@ -67,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom")
     g.add_argument("--auto-headroom", type=float, default=0.85,
                    help="with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)")
+    g.add_argument("--eval-protocol", default="clips", choices=PROTOCOLS,
+                   help="clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
+                        "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)")
+    g.add_argument("--eval-clips", type=int, default=10, help="clips per video with --eval-protocol 10x3 (default "
+                   "10; all when a video has fewer)")
     g.add_argument("--eval-batch-size", type=int, default=None, help="clips per evaluation batch (default: "
                    "--batch-size)")
     g.add_argument("--accum-steps", type=int, default=1,
@@ -74,9 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="default sgd (the paper)")
     g.add_argument("--lr", type=float, default=0.003,
                    help="learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
-                        "the paper's); scaled linearly to batch x processes unless --no-lr-scaling")
+                        "the paper's); scaled to batch x processes by --lr-scaling")
     g.add_argument("--lr-ref-batch", type=int, default=30, help="global batch --lr is given for (default 30)")
-    g.add_argument("--no-lr-scaling", action="store_true", help="use --lr as is, whatever the global batch")
+    g.add_argument("--lr-scaling", default="linear", choices=SCALINGS,
+                   help="how --lr follows the global batch: linear (default), sqrt, or none. When the result is "
+                        "above --lr and no warm-up is given, a warm-up is added (see --warmup-steps)")
+    g.add_argument("--no-lr-scaling", dest="lr_scaling", action="store_const", const="none",
+                   help="the same as --lr-scaling none")
+    g.add_argument("--max-lr", type=float, default=None, help="cap on the scaled learning rate (default: none)")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     g.add_argument("--weight-decay", type=float, default=5e-4, help="on weights, not biases (default 5e-4)")
     g.add_argument("--schedule", default="step", choices=("step", "cosine", "constant"),
@@ -85,8 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-step-epochs", type=float, default=4.0, help="step schedule period (default 4 epochs)")
     g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule factor (default 0.1)")
     warm = g.add_mutually_exclusive_group()
-    warm.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up, optimizer steps (default 0)")
-    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up, epochs")
+    warm.add_argument("--warmup-steps", type=int, default=None,
+                      help="linear warm-up from 0, in optimizer steps (default: none when the lr is --lr; when "
+                           "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
+                           "from --lr; 0 turns it off)")
+    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from 0, in epochs")
+    g.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)")
     g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
     g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
                    help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
@@ -96,10 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 GradScaler: steps without overflow before the scale doubles (default 2000)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--out", default="runs/c3d", help="checkpoints, metrics.jsonl, eval results, plots")
+    g.add_argument("--out", default="runs/c3d",
+                   help="folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="train from scratch into an --out that already holds a run (without it, that is refused "
+                        "unless --resume)")
     g.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt when it exists (same data order, RNG and schedule); "
-                        "starts fresh when it does not, so a restart script can always pass it")
+                   help="continue from the newest checkpoint in OUT that loads (same data order, RNG and "
+                        "schedule); starts fresh when there is none, so a restart script can always pass it")
     g.add_argument("--seed", type=int, default=0, help="data order, augmentation, init and dropout (default 0)")
     g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
     g.add_argument("--dist-backend", default=None, choices=("nccl", "gloo"),
@@ -112,7 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
                         "~320 MB for C3D, and a memcpy per step)")
     g.add_argument("--ckpt-every", type=int, default=0,
-                   help="also checkpoint every N optimizer steps (default 0: at epoch ends and at --max-steps only)")
+                   help="also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
+                        "SIGTERM/SIGUSR1 only)")
+    g.add_argument("--keep-last", type=int, default=3,
+                   help="checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
+                        "checkpoint_best.pt the best by validation video top-1")
+    g.add_argument("--early-stop", type=int, default=None, metavar="PATIENCE",
+                   help="stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
+                        "--val-data)")
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate every N epochs (default 1; 0 = only at the end); needs --val-data")
     g.add_argument("--log-every", type=int, default=10, help="optimizer steps per metrics.jsonl line (default 10)")
@@ -155,6 +189,16 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if args.eval_clips < 1:
+        raise TrainError(f"--eval-clips must be at least 1, got {args.eval_clips}")
+    if args.clips_per_video < 1:
+        raise TrainError(f"--clips-per-video must be at least 1, got {args.clips_per_video}")
+    if args.keep_last < 1:
+        raise TrainError(f"--keep-last must be at least 1, got {args.keep_last}")
+    if args.early_stop is not None and (args.early_stop < 1 or not args.val_data or not args.eval_every):
+        raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        raise TrainError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0.0 <= args.dropout < 1.0:
         raise TrainError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.finetune and not os.path.isfile(args.finetune):
