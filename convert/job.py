@@ -21,15 +21,13 @@ from typing import Callable, Iterable, Iterator
 
 from joblib import Parallel, delayed, parallel_config
 
-from .format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
+from .format import (FORMAT_NAME, FORMAT_VERSION, LOCK, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
                      ShardMissing, get_backend, shard_name)
 from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
                    write_json_atomic)
 from .sources import Source, SourceError, load_source
 from .supervise import ShardOptions, run_shard
 
-# OUT/.lock: held (flock) by the job converting into OUT, and naming it.
-LOCK = ".lock"
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
-from .format import (BACKENDS, MANIFEST, ShardDamaged, ShardWriter, StoreError, StoreFullError, VideoRecord,
+from .format import (BACKENDS, DAMAGED_DIR, MANIFEST, ShardDamaged, ShardWriter, StoreError, StoreFullError, VideoRecord,
                      WriterOptions, shard_meta)
 
 log = logging.getLogger("convert.shard")
-DAMAGED_DIR = "damaged"  # OUT/damaged/: unfinished shards that could not be opened, kept for inspection
 MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame
 
 VALUE_OVERHEAD = 256  # header, key and LMDB node bytes per clip, rounded up

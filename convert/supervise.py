@@ -179,6 +179,12 @@ class _Progress:
         self.state = {"total": total, "done": 0, "new": 0, "clips": 0, "frames": 0}
         self._last = 0.0
 
+    def set(self, done: int, records) -> None:
+        """Start again from what a (restarted) shard process holds: ``done`` videos, this run's ``records``."""
+        records = list(records)
+        self.state.update(done=done, new=len(records), clips=sum(r.get("clips", 0) for r in records),
+                          frames=sum(r.get("frames", 0) for r in records))
+
     def add(self, record: dict | None = None, force: bool = False) -> None:
         if record is not None:
             self.state["done"] += 1
@@ -233,13 +239,34 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
 
     child, hello = start()
     note = hello.get("note")
-    again = set(retry)
-    done = set(hello["done"]) - again
-    progress.state["done"] = len(done)
-    pending = [i for i in range(n_items) if i not in done]
-    pos = 0
+    again = set(retry)  # retried videos whose new record has not come back yet
+    converted: dict[int, dict] = {}  # this run's records, by plan index
+
+    def pending_after(hello: dict) -> list[int]:
+        # What the (new) shard process holds decides what is left: a backend that
+        # commits several videos at once (TFRecord parts) loses the uncommitted
+        # ones with a crashed process, and they must be converted again.
+        done = set(hello["done"]) - again
+        for k in [k for k in converted if k not in done]:
+            del converted[k]
+        progress.set(len(done), converted.values())
+        return [k for k in range(n_items) if k not in done]
+
+    reasons: dict[int, str] = {}
+    pending, pos = pending_after(hello), 0
     while pos < len(pending):
         i = pending[pos]
+        if attempts.get(i, 0) > opts.retries:
+            # Out of attempts: record the failure (again, if a later crash lost the uncommitted record).
+            child.send({"op": "fail", "index": i, "reason": f"{reasons[i]}; {attempts[i]} attempts"})
+            reply = checked(child, child.read(timeout=120))
+            if reply is None:
+                raise fail(child, "recording a failed video")
+            again.discard(i)
+            converted[i] = reply
+            progress.add(reply)
+            pos += 1
+            continue
         child.send({"op": "retry" if i in again else "video", "index": i})
         try:
             reply = checked(child, child.read(opts.video_timeout))
@@ -249,24 +276,20 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
                 if machine:
                     child.close()
                     raise stop_for_machine(machine, f"video number {i} of the shard's plan")
-                reason = describe_exit(rc)
+                reasons[i] = describe_exit(rc)
         except TimeoutError:
             child.kill()
-            reply, reason = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
+            reply, reasons[i] = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
         if reply is not None:
+            again.discard(i)
+            converted[i] = reply
             progress.add(reply)
             pos += 1
             continue
         child.close()
         attempts[i] = attempts.get(i, 0) + 1
-        child, _ = start()
-        if attempts[i] > opts.retries:
-            child.send({"op": "fail", "index": i, "reason": f"{reason}; {attempts[i]} attempts"})
-            reply = checked(child, child.read(timeout=120))
-            if reply is None:
-                raise fail(child, "recording a failed video")
-            progress.add(reply)
-            pos += 1
+        child, hello = start()
+        pending, pos = pending_after(hello), 0
     child.send({"op": "finish"})
     summary = checked(child, child.read(timeout=None))
     if summary is None:
@@ -275,5 +298,6 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
     child.proc.wait()
     progress.add(force=True)
     summary.pop("finished", None)
-    return {"index": index, **summary, "new_videos": progress.state["new"], "new_clips": progress.state["clips"],
+    return {"index": index, **summary, "new_videos": len(converted),
+            "new_clips": sum(r.get("clips", 0) for r in converted.values()),
             **({"note": note} if note else {})}

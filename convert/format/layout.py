@@ -23,6 +23,8 @@ REPORT = "report.jsonl"
 SHARD_DIR = "shards"
 LOG_DIR = "logs"
 PROGRESS_DIR = ".progress"
+LOCK = ".lock"  # held (flock) by the job converting into OUT, and naming it
+DAMAGED_DIR = "damaged"  # unfinished shards that could not be opened, moved aside and converted again
 
 MAGIC = b"VCLP"
 # magic, version, codec id, channels, reserved, T, H, W, video id length,
