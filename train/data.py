@@ -18,7 +18,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-from loaders import ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, to_model_input
+from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, loader_meter,
+                     to_model_input)
 
 from .dist import DistInfo
 from .errors import TrainError
@@ -62,6 +63,13 @@ class TrainData:
     batch_size: int
     steps_per_epoch: int
     extra: dict = field(default_factory=dict)
+    meter: Any = None  # loaders.loader_meter(loader), made on first use
+
+    def loader_stats(self) -> dict:
+        """The loader's own clips/s and queue depth since the last call (``loaders.loader_meter``)."""
+        if self.meter is None:
+            self.meter = loader_meter(self.loader)
+        return self.meter()
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -133,6 +141,11 @@ def _reader_errors(flag: str, root: str):
         raise TrainError(f"{flag} {root}: {exc}") from exc
 
 
+def _readers(args) -> dict:
+    """``--loader threads``: ``--workers`` reader threads; ``processes``: DataLoader worker processes."""
+    return {"threads": args.workers} if args.loader == "threads" else {"workers": args.workers}
+
+
 def build_train_data(args, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(args.data, "--data")
@@ -157,8 +170,8 @@ def _train_data(root: str, args, info: DistInfo) -> TrainData:
     if steps < 1:
         raise TrainError(f"--data {root}: {len(ds)} clips give this rank {len(sampler)}, fewer than one "
                          f"batch of {args.batch_size}")
-    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, workers=args.workers,
-                          pin_memory=info.device.type == "cuda", drop_last=True)
+    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
+                          pin_memory=info.device.type == "cuda", **_readers(args))
     return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
 
 
@@ -180,6 +193,6 @@ def _eval_data(root: str, args, info: DistInfo) -> EvalData:
     ds = LmdbClipDataset(root, train=False, preset=preset, seed=args.seed)
     sampler = RankSplit(len(ds), info.rank, info.world_size)
     # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
-    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, workers=args.workers,
-                          pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False)
+    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, pin_memory=info.device.type == "cuda",
+                          persistent_workers=False, drop_last=False, **_readers(args))
     return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds))

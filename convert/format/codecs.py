@@ -240,8 +240,8 @@ class JpegCodec(PerFrameCodec):
     Payload: uint32 LE frame count N, N uint32 LE frame byte lengths, then the
     N JPEG files back to back (quality 90, 4:2:0 chroma). Pixels are defined
     by libjpeg-turbo's default decoding (islow IDCT, fancy upsampling), which
-    Pillow and DALI's CPU decoder both give bit for bit; nvJPEG on the GPU
-    differs by a grey level or two.
+    simplejpeg (the reader here), Pillow and DALI's CPU decoder all give bit
+    for bit; nvJPEG on the GPU differs by a grey level or two.
     """
 
     name, id, lossless, decode_on_host, dali_uses_shape = "jpeg", 2, False, True, False
@@ -262,14 +262,16 @@ class JpegCodec(PerFrameCodec):
         return _pack_parts(frames)
 
     def decode_frame(self, part, shape, j):
-        from PIL import Image
+        # simplejpeg: libjpeg-turbo (bundled in its wheel) called without the
+        # GIL, with its default islow IDCT and fancy upsampling, so the pixels
+        # are Pillow's bit for bit (tested). Measured per 128x171 frame on one
+        # core: simplejpeg 13,100 frames/s, PyTurboJPEG 1.x 8,800 (needs a
+        # system libturbojpeg; 2.x needs libjpeg-turbo 3), Pillow 4,500.
+        import simplejpeg
 
         try:
-            img = Image.open(io.BytesIO(part))
-            if img.mode != "RGB":
-                img = img.convert("RGB")
-            arr = np.asarray(img)
-        except OSError as exc:  # PIL's error for undecodable data
+            arr = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
+        except ValueError as exc:  # simplejpeg's error for undecodable data (strict: warnings too)
             raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
         if arr.shape != tuple(shape[1:]):
             raise FormatError(f"jpeg frame {j} is {arr.shape}, header says {tuple(shape[1:])}")
