@@ -278,3 +278,20 @@ def test_loader_meter_counts_what_the_readers_did(raw_root):  # noqa: F811
             assert ds.read_work()[0] == len(ds) // 4 * 4  # every worker's clips reached the shared counts
         assert meter()["loader_clips_per_s"] is None  # nothing read since
         assert batches == len(ds) // 4
+
+
+def test_bench_read_copy_bound_reads_the_stored_values_through_threads(raw_root):  # noqa: F811
+    from loaders.bench import ReadCopyDataset
+
+    bound = ReadCopyDataset(raw_root)
+    store = open_clips(raw_root)
+    loader = build_loader(bound, batch_size=5, threads=2, train=False)
+    seen = 0
+    for batch in loader:
+        indices = list(range(seen, seen + len(batch["bytes"])))
+        values = [payload for _, payload in store.payloads(indices)]
+        assert batch["bytes"].tolist() == [len(v) for v in values]
+        for row, value in zip(batch["clip"], values):
+            assert bytes(row[:len(value)].numpy()) == value
+        seen += len(values)
+    assert seen == len(store)
