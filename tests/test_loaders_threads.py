@@ -7,12 +7,14 @@ import hashlib
 import io
 import json
 import os
+import struct
 import threading
 
 import numpy as np
 import pytest
 import torch
 
+from convert.format import FormatError
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
 from loaders import (ClipDataset, DatasetError, DistributedClipSampler, LoaderTimeout, ThreadedClipLoader,
@@ -231,12 +233,44 @@ def test_jpeg_pixels_are_libjpeg_turbos_default_decode(jpeg_root):  # noqa: F811
     frames = 0
     for header, payload in store.payloads(range(0, len(store), 5)):
         offsets, sizes = codec.parts(payload, header.shape)
+        pillow = [np.asarray(Image.open(io.BytesIO(payload[a:a + n])).convert("RGB"))
+                  for a, n in zip(offsets.tolist(), sizes.tolist())]
         for j, (a, n) in enumerate(zip(offsets.tolist(), sizes.tolist())):
-            part = payload[a:a + n]
-            pillow = np.asarray(Image.open(io.BytesIO(part)).convert("RGB"))
-            assert np.array_equal(codec.decode_frame(memoryview(part), header.shape, j), pillow)
+            assert np.array_equal(codec.decode_frame(memoryview(payload)[a:a + n], header.shape, j), pillow[j])
             frames += 1
+        # the reader's path decodes each frame in place, into a window of the clip
+        assert np.array_equal(codec.window(payload, header.shape, 3, 9), np.stack(pillow[3:12]))
     assert frames == 16 * len(range(0, len(store), 5))
+    # a frame of another size than the header's: the same one-line error on both paths
+    header, payload = store.payloads([0])[0]
+    small = codec.encode(np.zeros((1, 8, 8, 3), np.uint8))
+    with pytest.raises(FormatError, match=r"jpeg frame 0 is \(8, 8, 3\), header says \(128, 171, 3\)"):
+        codec.window(small, (1, *header.shape[1:]), 0, 1)
+
+
+def test_lz4_frames_decode_in_place_as_python_lz4_decodes_them(lz4_root):  # noqa: F811
+    import lz4.block
+
+    store = open_clips(lz4_root)
+    codec = store.codec
+    header, payload = store.payloads([len(store) // 2])[0]
+    t, h, w, c = header.shape
+    offsets, sizes = codec.parts(payload, header.shape)
+    parts = [payload[a:a + n] for a, n in zip(offsets.tolist(), sizes.tolist())]
+    want = np.stack([np.frombuffer(lz4.block.decompress(p, uncompressed_size=h * w * c), np.uint8).reshape(h, w, c)
+                     for p in parts])
+    assert np.array_equal(codec.window(payload, header.shape, 0, t), want)
+    assert np.array_equal(codec.decode_frame(memoryview(parts[5]), header.shape, 5), want[5])
+    wide = np.zeros((4, h, w + 1, c), np.uint8)  # a window that is not contiguous: decoded, then copied
+    assert np.array_equal(codec.window(payload, header.shape, 2, 4, out=wide[:, :, :w]), want[2:6])
+    damaged = bytearray(payload)
+    a, n = int(offsets[3]), int(sizes[3])
+    damaged[a:a + n] = b"\xff" * n
+    with pytest.raises(FormatError, match=f"lz4 frame 3 does not decompress to {h * w * c} bytes"):
+        codec.window(bytes(damaged), header.shape, 0, t)
+    short = lz4.block.compress(bytes(h * w * c // 2), store_size=False)  # decodes to half a frame
+    with pytest.raises(FormatError, match=f"lz4 frame 0 decompressed to {h * w * c // 2} bytes, needs {h * w * c}"):
+        codec.window(struct.pack("<II", 1, len(short)) + short, (1, h, w, c), 0, 1)
 
 
 def test_build_loader_threads_options(raw_root, monkeypatch):  # noqa: F811
