@@ -2,7 +2,9 @@
 
 Builds (or reuses, under ``--root``) synthetic videos and their raw, lz4 and
 jpeg conversions, then times through ``build_loader`` with 0, 1 and 2
-workers, at one batch size:
+DataLoader workers and with 1, 2 and one-per-core reader threads
+(``threads=N``), at one batch size; ``--sections engines`` adds the threaded
+reads on torchdata.nodes and SPDL against the hand-written pool:
 
   on-the-fly   OnTheFlyVideoDataset: PyAV decode in __getitem__ (the baseline)
   lmdb raw/lz4/jpeg   LmdbClipDataset on each codec's shards
@@ -10,7 +12,7 @@ workers, at one batch size:
                nothing else: the bound for any reader of these shards
 
 Each configuration runs for ``--seconds`` after its first batch (worker start
-up is not timed). The shards were just written, so they sit in the page
+up is not timed), ``--rounds`` times, interleaved; the best run is kept. The shards were just written, so they sit in the page
 cache: this measures CPU cost, not disk. Nothing is asserted; the table is
 the output.
 """

@@ -13,6 +13,8 @@ crops every clip straight from the memory map into one preallocated array.
 It returns a ``ClipBatch``: a list of per-sample dicts (views into that array,
 so torch's default collate still works) that also carries the collated batch,
 which ``collate`` hands on without another copy. ``build_loader`` sets it up.
+``read_into`` is the same read into arrays the caller owns: the threaded
+loader (``loaders.threaded``) calls it from its reader threads.
 """
 
 from __future__ import annotations

@@ -68,9 +68,10 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
 
     ``threads=N`` (``workers`` must then be None or 0): a
     ``ThreadedClipLoader`` with N reader threads (0: read in the calling
-    thread), ``prefetch_factor`` batches read ahead in all, the same sampler, batches and crops; ``timeout``
-    (seconds to wait for one batch, default 300) is the one other keyword it
-    takes. Its batches are valid until the next one is asked for.
+    thread), ``prefetch_factor`` batches read ahead in all, the same sampler,
+    batches and crops; ``timeout`` (seconds to wait for one batch, default
+    300) is the one other keyword it takes. Its batches are valid until the
+    next one is asked for.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")

@@ -329,3 +329,15 @@ def test_bench_read_copy_bound_reads_the_stored_values_through_threads(raw_root)
             assert bytes(row[:len(value)].numpy()) == value
         seen += len(values)
     assert seen == len(store)
+
+
+def test_threads_check_compares_every_batch_with_the_dataloader_path(raw_root, capsys):  # noqa: F811
+    from loaders.threads_check import main
+
+    assert main([raw_root, "--device", "cpu", "--epochs", "2"]) == 0
+    # 47 clips in batches of 8, drop_last: 5 batches per epoch
+    assert "threads_check: 10 batches on cpu (pinned ring: False), 0 differ" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="pin_memory=True but CUDA is not available"):
+            loader = build_loader(ClipDataset(raw_root, train=True), batch_size=4, threads=1, pin_memory=True)
+        assert loader.pin_memory is False
