@@ -18,8 +18,7 @@ from convert.format import FormatError
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
 from loaders import (ClipDataset, DatasetError, DistributedClipSampler, LoaderTimeout, ThreadedClipLoader,
-                     build_loader, loader_meter, open_clips)
-from loaders.factory import default_threads
+                     build_loader, default_threads, loader_meter, open_clips)
 
 from .loaders_fixtures import (converted, copy_conversion, jpeg_root, loader_base, lz4_root, raw_root,  # noqa: F401
                                rewrite_value)
