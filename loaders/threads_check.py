@@ -1,11 +1,12 @@
-"""``python -m loaders.threads_check ROOT --device 0``: the threaded loader's pinned ring against a real GPU.
+"""``python -m loaders.threads_check [ROOT] --device 0``: the threaded loader's pinned ring against a real GPU.
 
 Each batch of ``build_loader(threads=N)`` is copied to the device with
 ``non_blocking=True`` behind a deliberately slow GPU kernel, so the copies
 run well after the loader was asked for the next batches; the ring must not
 refill a slot before its copy is done (the loader waits on a CUDA event).
 Every batch that arrived on the device is then compared with the same batch
-from the DataLoader path (``workers=0``). Exit 0 when all are equal. With
+from the DataLoader path (``workers=0``). Exit 0 when all are equal. Without
+ROOT it converts a small synthetic set per codec (raw, lz4, jpeg) first. With
 ``--device cpu`` it runs the same comparison without a GPU (the test suite
 does).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 
 import torch
 
@@ -52,7 +54,7 @@ def check(root: str, *, device: str, threads: int = 2, batch_size: int = 8, epoc
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loaders.threads_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("root", help="a finished conversion")
+    p.add_argument("root", nargs="?", help="a finished conversion (default: small synthetic raw, lz4 and jpeg ones)")
     p.add_argument("--device", default="0", help="CUDA device number, or cpu (default 0)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
@@ -60,10 +62,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.device != "cpu" and not torch.cuda.is_available():
         print("threads_check: no CUDA device here (use --device cpu for the CPU-only comparison)", file=sys.stderr)
         return 2
-    r = check(args.root, device=args.device, threads=args.threads, epochs=args.epochs)
-    print(f"threads_check: {r['batches']} batches on {args.device} (pinned ring: {r['pinned']}), "
-          f"{r['mismatches']} differ from the DataLoader path")
-    return 0 if r["mismatches"] == 0 and r["batches"] > 0 else 1
+    with tempfile.TemporaryDirectory(prefix="threads-check-") as tmp:
+        if args.root:
+            roots = [args.root]
+        else:
+            from train.synthdata import converted_split
+
+            roots = [converted_split(tmp, codec, per_class=4, seconds=2.0, codec=codec)
+                     for codec in ("raw", "lz4", "jpeg")]
+        failed = 0
+        for root in roots:
+            r = check(root, device=args.device, threads=args.threads, epochs=args.epochs)
+            print(f"threads_check: {root}: {r['batches']} batches on {args.device} (pinned ring: {r['pinned']}), "
+                  f"{r['mismatches']} differ from the DataLoader path")
+            failed += r["mismatches"] > 0 or r["batches"] == 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

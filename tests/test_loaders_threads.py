@@ -335,7 +335,7 @@ def test_threads_check_compares_every_batch_with_the_dataloader_path(raw_root, c
 
     assert main([raw_root, "--device", "cpu", "--epochs", "2"]) == 0
     # 47 clips in batches of 8, drop_last: 5 batches per epoch
-    assert "threads_check: 10 batches on cpu (pinned ring: False), 0 differ" in capsys.readouterr().out
+    assert f"threads_check: {raw_root}: 10 batches on cpu (pinned ring: False), 0 differ" in capsys.readouterr().out
     if not torch.cuda.is_available():
         with pytest.warns(UserWarning, match="pin_memory=True but CUDA is not available"):
             loader = build_loader(ClipDataset(raw_root, train=True), batch_size=4, threads=1, pin_memory=True)
