@@ -103,7 +103,7 @@ def test_train_crop_cuts_the_right_pixels_and_flip_really_flips():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_flip_is_exact_on_both_code_paths(threads):
-    # apply flips with torch when single-threaded (workers) and numpy otherwise (main process)
+    # the flip does not depend on torch's thread count (it once chose torch.flip or numpy by it)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -84,6 +84,9 @@ class _Batches:
             yield {"clip": torch.randint(0, 4, (2, 1, 2, 2, 3), dtype=torch.uint8, generator=g),
                    "label": torch.tensor([0, 1]), "index": torch.tensor([0, 1])}
 
+    def loader_stats(self) -> dict:
+        return {}
+
 
 class _Tiny(nn.Module):
     def __init__(self) -> None:

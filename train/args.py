@@ -34,10 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
     g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")
-    g.add_argument("--loader", default="lmdb", choices=("lmdb", "dali"),
-                   help="reader: lmdb (DataLoader workers, CPU crop) or dali (GPU pipeline; needs nvidia-dali)")
+    g.add_argument("--loader", default="threads", choices=("threads", "processes", "lmdb", "dali"),
+                   help="reader: threads (default: reader threads in each training process, pinned batch ring), "
+                        "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "
+                        "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions")
     g.add_argument("--workers", type=int, default=None,
-                   help="loader processes per rank (default: CPU cores / ranks on this node, at most 8)")
+                   help="reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
+                        "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
+                        "at most 8)")
     g.add_argument("--crop-size", type=int, default=112, help="square crop fed to the model (default 112)")
     g.add_argument("--clip-len", type=int, default=None, help="frames per clip (default: the stored length)")
     g.add_argument("--downsample", type=int, default=1,
@@ -155,20 +159,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads for this process's math (default: PyTorch's choice; torchrun sets 1 per "
                         "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other")
+    g.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="record a torch.profiler trace of STEPS training steps (after 2 warm-up steps) in "
+                        "OUT/profile/ (TensorBoard's profiler plugin reads it); default 0: off")
     g.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)")
     return p
 
 
-def default_workers(world_size: int) -> int:
+def default_workers(world_size: int, loader: str = "processes") -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if loader == "threads":  # threads share the process: every core of this rank's share
+        return max(1, min(16, cores // max(local, 1)))
     return max(0, min(8, cores // max(local, 1) - 1))
 
 
 def check_args(args: argparse.Namespace, device: torch.device) -> None:
     """Option combinations that cannot work, as one-line errors, before anything is built."""
     cpu = device.type != "cuda"
+    if args.loader == "lmdb":
+        args.loader = "processes"  # the old name
+    if args.profile < 0:
+        raise TrainError(f"--profile must be >= 0 steps, got {args.profile}")
     if args.amp is None:
         args.amp = "off" if cpu else "bf16"
     if cpu and args.amp == "fp16":

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, open_clips,
-                     to_model_input)
+from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, loader_meter,
+                     open_clips, to_model_input)
 from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
@@ -117,6 +117,13 @@ class TrainData:
     batch_size: int
     steps_per_epoch: int
     extra: dict = field(default_factory=dict)
+    meter: Any = None  # loaders.loader_meter(loader), made on first use
+
+    def loader_stats(self) -> dict:
+        """The loader's own clips/s and queue depth since the last call (``loaders.loader_meter``)."""
+        if self.meter is None:
+            self.meter = loader_meter(self.loader)
+        return self.meter()
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -232,6 +239,13 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
+def _readers(args) -> dict:
+    """``--loader threads``: ``--workers`` reader threads; ``processes``: DataLoader worker processes."""
+    if args.loader == "threads":
+        return {"threads": args.workers}
+    return {"workers": args.workers, "worker_init_fn": ignore_stop_signals}
+
+
 def build_train_data(args, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(args.data, "--data")
@@ -264,8 +278,8 @@ def _train_data(root: str, args, info: DistInfo) -> TrainData:
         unit = "clips" if args.epoch_mode == "clips" else f"clips ({args.clips_per_video} per video)"
         raise TrainError(f"--data {root}: an epoch of {sampler.epoch_size} {unit} gives this rank {len(sampler)}, "
                          f"fewer than one batch of {args.batch_size}")
-    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, workers=args.workers,
-                          pin_memory=info.device.type == "cuda", drop_last=True, worker_init_fn=ignore_stop_signals)
+    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
+                          pin_memory=info.device.type == "cuda", **_readers(args))
     return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
 
 
@@ -294,7 +308,7 @@ def _eval_data(root: str, args, info: DistInfo) -> EvalData:
     items = len(ds) if args.eval_protocol == "clips" else multiview_items(ds.store.video_clips, args.eval_clips)
     sampler = RankSplit(items, info.rank, info.world_size)
     # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
-    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, workers=args.workers,
-                          pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False)
+    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, pin_memory=info.device.type == "cuda",
+                          persistent_workers=False, drop_last=False, **_readers(args))
     return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds) if isinstance(items, int) else
                     len(items), protocol)

@@ -88,6 +88,7 @@ class StepConfig:
     main: bool = True  # this rank prints notes
     stop: StopRequest | None = None
     gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
+    profiler: Any = None  # profiling.StepProfiler: told of each step
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -148,7 +149,8 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
     for _ in range(remaining):
         t0 = time.perf_counter()
         try:
-            batch = next(it)
+            with torch.profiler.record_function("loader_wait"):
+                batch = next(it)
         except StopIteration:  # a reader with fewer batches than announced: end the epoch here
             break
         window["wait"] += time.perf_counter() - t0
@@ -187,6 +189,8 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         window["steps"] += 1
         if bar is not None:
             bar.update(1)
+        if cfg.profiler is not None:
+            cfg.profiler.step()
         at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
         if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
             _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
@@ -254,6 +258,7 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
         "clips_per_s": steps * data.batch_size * world_size / max(slowest, 1e-9),
         "data_wait_frac": wait_sum / world_size / max(elapsed, 1e-9),
         "step_time_s": elapsed / steps, "peak_mem_mb": peak_memory_mb(cfg.device),
+        **data.loader_stats(),  # this rank's loader: loader_clips_per_s, loader_queue_depth where known
     }
     if scaler.is_enabled():
         record["grad_scale"] = float(scaler.get_scale())

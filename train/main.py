@@ -28,6 +28,7 @@ from .gpustats import GpuStats
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
+from .profiling import StepProfiler
 from .schedule import build_optimizer, build_scheduler, plan_lr
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
@@ -175,7 +176,7 @@ def run(args) -> dict[str, Any]:
     if args.loader == "dali":
         dali_builder()  # not installed: say so before anything else
     if args.workers is None:
-        args.workers = default_workers(info.world_size)
+        args.workers = default_workers(info.world_size, args.loader)
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
@@ -250,7 +251,8 @@ def run(args) -> dict[str, Any]:
 
     log = MetricsLog(args.out, info.is_main, tensorboard=not args.no_tensorboard)
     log.start(state.step if resumed else None)
-    cfg = StepConfig(device=device, amp_dtype=amp_dtype, accum_steps=args.accum_steps,
+    profiler = StepProfiler(args.out, args.profile, info.rank, device) if args.profile else None
+    cfg = StepConfig(device=device, amp_dtype=amp_dtype, accum_steps=args.accum_steps, profiler=profiler,
                      channels_last=args.channels_last, downsample=args.downsample,
                      colour_perm_seed=args.seed if args.colour_permutation else None,
                      clip_grad_norm=args.clip_grad_norm, max_steps=args.max_steps,
@@ -305,6 +307,8 @@ def run(args) -> dict[str, Any]:
                 _say(info, stopped)
                 break
     train_s = time.perf_counter() - t_start
+    if profiler is not None:
+        _say(info, profiler.close())
 
     summary: dict[str, Any] = {"out": args.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
                                "step": state.step,
