@@ -142,8 +142,14 @@ def _centre_node(slack: Any) -> Any:
 
 def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: int, preset: ClipPreset,
            batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int, shards: int,
-           seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None) -> Pipeline:
-    """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index."""
+           seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
+           build: bool = True) -> Pipeline:
+    """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index.
+
+    ``build=False`` returns it defined but not built: DALI checks operator
+    arguments and placements while the graph is defined, so a GPU graph can be
+    checked that far on a machine without CUDA.
+    """
     train = preset.train
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id,
                     seed=_seed(seed, epoch, 1), prefetch_queue_depth=prefetch, enable_checkpointing=True,
@@ -220,7 +226,8 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         if device_id is not None:
             label = label.gpu()
         pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"])
-    pipe.build()
+    if build:
+        pipe.build()
     return pipe
 
 
@@ -400,11 +407,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         ckpt = None
         if self._resume is not None and self._resume[:2] == (epoch, position):
             ckpt = self._resume[2]
-        build = functools.partial(
-            _build, files=self._files, indexes=self._indexes, codec=self.store.codec,
-            stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size, threads=self.threads,
-            device_id=self.device_id, prefetch=self.prefetch, shard=self.rank, shards=self.world_size,
-            seed=self.seed, epoch=epoch, initial_fill=self.initial_fill, normalize=self.normalize)
+        build = functools.partial(self._pipeline, epoch)
         try:
             self._slot.pipe = pipe = build(checkpoint=ckpt)
         except RuntimeError as exc:
@@ -427,6 +430,14 @@ class DaliTFRecordLoader(DaliLoaderBase):
             self._run(pipe, None)
         self._at = (epoch, position)
         return pipe
+
+    def _pipeline(self, epoch: int, checkpoint: bytes | None = None, build: bool = True) -> Pipeline:
+        """Epoch ``epoch``'s pipeline for this rank (``build=False``: defined only)."""
+        return _build(files=self._files, indexes=self._indexes, codec=self.store.codec,
+                      stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size,
+                      threads=self.threads, device_id=self.device_id, prefetch=self.prefetch, shard=self.rank,
+                      shards=self.world_size, seed=self.seed, epoch=epoch, initial_fill=self.initial_fill,
+                      normalize=self.normalize, checkpoint=checkpoint, build=build)
 
     def _run(self, pipe: Pipeline, stream: Any) -> Any:
         try:

@@ -357,3 +357,64 @@ def test_train_with_loader_dali_on_tfrecord_runs_and_resumes_exactly(synth_video
     wa = ckpt_io.load(ckpt_io.latest_path(str(tmp_path / "a")))["model"]
     wb = ckpt_io.load(ckpt_io.latest_path(str(tmp_path / "b")))["model"]
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_device_check_smoke_runs_the_native_route_and_defines_the_gpu_graphs(tf_roots, tf_lz4, capsys):
+    """``python -m loaders.dali --smoke`` on these conversions: values exact on the CPU backend, the resume
+    check passes, speeds are printed, lz4 is skipped on the CPU, and every codec's GPU graphs are defined."""
+    from loaders.dali_check import _main
+
+    assert _main(["--smoke", "--route", "native", tf_roots["raw"], tf_roots["jpeg"], tf_lz4]) == 0
+    out = capsys.readouterr().out
+    for codec in ("raw", "jpeg"):
+        for bs in (4, 8):
+            line = next(ln for ln in out.splitlines() if ln.startswith(f"  native {codec:<5} batch {bs:4d}:"))
+            assert line.endswith("(max diff 0, resume ok)") and float(line.split()[4]) > 0
+    assert "  native lz4   skipped: DALI decodes it on the GPU only" in out
+    for codec in ("raw", "jpeg", "lz4"):
+        assert (f"  gpu graphs {codec:<5} defined: train, train+normalize, eval, eval+normalize, multiscale, "
+                f"multiscale+normalize") in out
+    assert out.rstrip().endswith("DALI check passed")
+
+
+# -- the benchmark's new rows ------------------------------------------------------------------
+
+def test_bench_tfrecord_package_reader_dali_rows_and_disk_table(tf_roots, tf_lz4, synth_videos):
+    from loaders.bench import TFRecordPackageDataset, disk_table, measure_dali_native, timed
+    from loaders.presets import apply
+
+    root = tf_roots["jpeg"]
+    store = open_clips(root)
+    first = dict(zip(store.video_ids, (np.cumsum(store.video_clips) - store.video_clips).tolist()))
+    items = list(TFRecordPackageDataset(root, crop_size=CROP))
+    assert sorted(first[it["video_id"]] + it["clip_index"] for it in items) == list(range(len(store)))
+    preset = ClipPreset(train=True, crop_size=CROP)
+    for it in items[:6]:  # the package's bytes, decoded and cropped, equal the project's reader's
+        stored = store[first[it["video_id"]] + it["clip_index"]]
+        assert it["label"] == stored.label
+        want = apply(stored.clip, preset.params(0, it["k"], stored.clip.shape))
+        assert torch.equal(it["clip"], torch.from_numpy(want))
+
+    r = measure_dali_native(tf_roots["raw"], batch_size=BS, threads=1, seconds=0.2, crop_size=CROP)
+    assert r["clips"] > 0 and r["clips"] % BS == 0
+    assert r["mb_s"] == pytest.approx(r["clips_s"] * 16 * CROP * CROP * 3 / 1e6)
+    with pytest.raises(ValueError, match="fewer clips than one batch"):
+        timed(lambda epoch: [], 1.0)
+
+    # Both backends' rows filled from the TFRecord conversions at hand (the table reads what it is given).
+    paths = {"videos": synth_videos}
+    for codec, root in (("raw", tf_roots["raw"]), ("jpeg", tf_roots["jpeg"]), ("lz4", tf_lz4)):
+        paths[codec] = paths[f"tfrecord_{codec}"] = root
+    lines = disk_table(paths)
+    rows = {tuple(ln.split()[:2]): ln.split() for ln in lines[1:]}
+    assert set(rows) == {(b, c) for b in ("lmdb", "tfrecord") for c in ("raw", "lz4", "jpeg")} | {("source", "h264")}
+    src = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(synth_videos) for f in fs)
+    for codec in ("raw", "lz4", "jpeg"):
+        m = open_clips(paths[codec]).manifest
+        clips, value = m["totals"]["clips"], m["totals"]["value_bytes"]
+        row = rows[("tfrecord", codec)]
+        assert int(row[2]) == clips and row[3] == f"{value / clips:,.0f}"
+        disk = float(row[4].replace(",", ""))
+        assert disk >= value / clips  # records add framing, Example fields and index lines
+        assert row[5] == f"{disk / (src / clips):.1f}x"
+    assert rows[("tfrecord", "raw")][6] == "1.00x" and rows[("source", "h264")][-1] == "1.0x"
