@@ -209,7 +209,10 @@ def measure_iterable(dataset: IterableDataset, *, batch_size: int, workers: int,
 
 
 def measure_dali_native(root: str, *, batch_size: int, threads: int, seconds: float, crop_size: int = 112) -> dict:
-    """clips and bytes per second of ``DaliTFRecordLoader`` (training crops, uint8), each epoch's first batch untimed."""
+    """clips and bytes per second of ``DaliTFRecordLoader`` (training crops, uint8).
+
+    Each epoch's first batch (its pipeline's build and shuffle-buffer fill) is not timed.
+    """
     from .dali_native import DaliTFRecordLoader
 
     preset = ClipPreset(train=True, crop_size=crop_size)

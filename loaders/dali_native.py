@@ -140,6 +140,18 @@ def _centre_node(slack: Any) -> Any:
     return half + (slack & 1) * (half & 1)
 
 
+def _relative(anchor: Any, slack: Any) -> Any:
+    """An integer anchor as crop_mirror_normalize's relative position ``anchor / slack``.
+
+    DALI turns a position back into an anchor by rounding ``pos * slack`` to
+    the nearest integer, which gives ``anchor`` exactly (float32 error is far
+    below half a pixel; checked for every slack below 600).
+    """
+    if isinstance(slack, int):
+        return anchor / max(slack, 1)
+    return anchor / dmath.max(slack, 1)
+
+
 def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: int, preset: ClipPreset,
            batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int, shards: int,
            seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
@@ -204,13 +216,8 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         # As a volume (D = time), one crop_mirror_normalize cuts the window and the square together.
         clips = fn.reshape(clips, layout="DHWC")
 
-        def pos(anchor: Any, slack: Any) -> Any:
-            # An anchor as crop_mirror_normalize's relative position: DALI rounds pos * slack to the
-            # nearest integer, which gives ``anchor`` back exactly (checked for every slack < 600).
-            return anchor / dmath.max(slack, 1) if not isinstance(slack, int) else anchor / max(slack, 1)
-
-        crop = {"crop_d": frames, "crop_pos_z": pos(t0, decoded_frames - frames),
-                "crop_h": side, "crop_w": side, "crop_pos_y": pos(y0, h - side), "crop_pos_x": pos(x0, w - side)}
+        crop = {"crop_d": frames, "crop_pos_z": _relative(t0, decoded_frames - frames), "crop_h": side,
+                "crop_w": side, "crop_pos_y": _relative(y0, h - side), "crop_pos_x": _relative(x0, w - side)}
         if train and preset.multiscale is not None:
             clips = fn.crop(clips, **crop)
             clips = fn.resize(fn.reshape(clips, layout="FHWC"), size=[preset.crop_size, preset.crop_size],

@@ -85,7 +85,8 @@ def test_normalize_equals_to_model_input(tf_roots):
     normed = _epoch(DaliTFRecordLoader(tf_roots["raw"], train=False, batch_size=BS, preset=preset, normalize=True))
     for a, b in zip(plain, normed):
         want = to_model_input(a["clip"], mean=preset.mean, std=preset.std)
-        assert b["clip"].dtype == torch.float32 and b["clip"].shape == want.shape == (len(a["index"]), 3, 16, CROP, CROP)
+        assert b["clip"].dtype == torch.float32
+        assert b["clip"].shape == want.shape == (len(a["index"]), 3, 16, CROP, CROP)
         assert float((b["clip"] - want).abs().max()) <= 1e-5
 
 
@@ -108,7 +109,8 @@ def test_training_crops_are_windows_and_squares_of_the_stored_clip(tf_roots):
     """Each training sample is an 8-frame window and CROP square of its stored clip, some flipped, at varied places."""
     root = tf_roots["raw"]
     store = open_clips(root)
-    loader = DaliTFRecordLoader(root, train=True, batch_size=BS, preset=ClipPreset(train=True, clip_len=8, seed=5, crop_size=CROP))
+    preset = ClipPreset(train=True, clip_len=8, seed=5, crop_size=CROP)
+    loader = DaliTFRecordLoader(root, train=True, batch_size=BS, preset=preset)
     found = []
     for b in _epoch(loader)[:4]:
         assert b["clip"].shape == (BS, 8, CROP, CROP, 3)
@@ -427,3 +429,35 @@ def test_bench_tfrecord_package_reader_dali_rows_and_disk_table(tf_roots, tf_lz4
         assert disk >= value / clips  # records add framing, Example fields and index lines
         assert row[5] == f"{disk / (src / clips):.1f}x"
     assert rows[("tfrecord", "raw")][6] == "1.00x" and rows[("source", "h264")][-1] == "1.0x"
+
+
+def test_centre_anchors_and_relative_positions_are_exact_in_dali_arithmetic():
+    """The graph's centre rule equals presets._centre (halves to even) and its relative crop positions give
+    crop_mirror_normalize the exact anchor, for every slack 0..150 and every anchor of a few slacks."""
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    from loaders.dali_native import _centre_node, _relative
+    from loaders.presets import _centre
+
+    side = 3
+    cases = [(s, _centre(s + side, side)) for s in range(151)] + [(s, a) for s in (7, 59, 128) for a in range(s + 1)]
+    width = max(s for s, _ in cases) + side
+    row = np.zeros((1, width, 3), np.uint8)
+    row[0, :, 0], row[0, :, 1] = np.arange(width) % 256, np.arange(width) // 256
+    images = [np.ascontiguousarray(row[:, :s + side]) for s, _ in cases]
+    pipe = Pipeline(batch_size=len(cases), num_threads=1, device_id=None, seed=0)
+    with pipe:
+        slacks = [np.array(s, np.int64) for s, _ in cases]
+        anchors = [np.array(a, np.int64) for _, a in cases]
+        img, slack, anchor = fn.external_source(source=lambda: (images, slacks, anchors), num_outputs=3,
+                                                layout=["HWC", "", ""])
+        cut = fn.crop_mirror_normalize(img, crop_h=1, crop_w=side, crop_pos_y=0.0, crop_pos_x=_relative(anchor, slack),
+                                       dtype=types.UINT8, output_layout="HWC")
+        pipe.set_outputs(_centre_node(slack), cut)
+    pipe.build()
+    centre, cut = pipe.run()
+    got_centre = [int(np.asarray(centre[i])) for i in range(151)]
+    assert got_centre == [a for _, a in cases[:151]]
+    cut = cut.as_array()
+    assert (cut[:, 0, 0, 0].astype(int) + 256 * cut[:, 0, 0, 1].astype(int)).tolist() == [a for _, a in cases]
