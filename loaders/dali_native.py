@@ -217,7 +217,8 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         clips = fn.reshape(clips, layout="DHWC")
 
         crop = {"crop_d": frames, "crop_pos_z": _relative(t0, decoded_frames - frames), "crop_h": side,
-                "crop_w": side, "crop_pos_y": _relative(y0, h - side), "crop_pos_x": _relative(x0, w - side)}
+                "crop_w": side, "crop_pos_y": _relative(y0, h - side), "crop_pos_x": _relative(x0, w - side),
+                "rounding": "round"}  # the anchor rounding _relative relies on (DALI's default)
         if train and preset.multiscale is not None:
             clips = fn.crop(clips, **crop)
             clips = fn.resize(fn.reshape(clips, layout="FHWC"), size=[preset.crop_size, preset.crop_size],

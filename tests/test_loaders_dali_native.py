@@ -453,7 +453,7 @@ def test_centre_anchors_and_relative_positions_are_exact_in_dali_arithmetic():
         img, slack, anchor = fn.external_source(source=lambda: (images, slacks, anchors), num_outputs=3,
                                                 layout=["HWC", "", ""])
         cut = fn.crop_mirror_normalize(img, crop_h=1, crop_w=side, crop_pos_y=0.0, crop_pos_x=_relative(anchor, slack),
-                                       dtype=types.UINT8, output_layout="HWC")
+                                       rounding="round", dtype=types.UINT8, output_layout="HWC")
         pipe.set_outputs(_centre_node(slack), cut)
     pipe.build()
     centre, cut = pipe.run()
