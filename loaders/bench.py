@@ -1,25 +1,37 @@
 """``python -m loaders.bench``: clips/s of every reader on the same synthetic clips, in one run.
 
 Builds (or reuses, under ``--root``) synthetic videos and their raw, lz4 and
-jpeg conversions, then times through ``build_loader`` with 0, 1 and 2
-DataLoader workers and with 1, 2 and one-per-core reader threads
-(``threads=N``), at one batch size; ``--sections engines`` adds the threaded
-reads on torchdata.nodes and SPDL against the hand-written pool:
+jpeg conversions on both backends, then times random 112 crops of 16-frame
+clips at one batch size: through ``build_loader`` with 0, 1 and 2 DataLoader
+workers and with 1, 2 and one-per-core reader threads (``threads=N``);
+``--sections engines`` adds the threaded reads on torchdata.nodes and SPDL
+against the hand-written pool:
 
   on-the-fly   OnTheFlyVideoDataset: PyAV decode in __getitem__ (the baseline)
-  lmdb raw/lz4/jpeg   LmdbClipDataset on each codec's shards
-  read+copy    every raw value read from LMDB and copied into a batch buffer,
+  lmdb raw/lz4/jpeg   ClipDataset on each codec's LMDB shards
+  dali native raw/jpeg   DaliTFRecordLoader on the TFRecord shards: DALI's own
+               reader, decoder and crop on DALI's CPU backend (here "workers"
+               are DALI's CPU threads, at least 1; each epoch's first batch,
+               which builds the epoch's pipeline and fills its shuffle buffer,
+               is not timed)
+  tfrecord-pkg raw/jpeg  the ``tfrecord`` package's reader over the same
+               record files in DataLoader workers (files split between them),
+               decoded and cropped per clip in Python: TFRecord without DALI
+  read+copy    every raw payload read from LMDB and copied into a batch buffer,
                nothing else: the bound for any reader of these shards
 
-Each configuration runs for ``--seconds`` after its first batch (worker start
-up is not timed), ``--rounds`` times, interleaved; the best run is kept. The shards were just written, so they sit in the page
-cache: this measures CPU cost, not disk. Nothing is asserted; the table is
+then a table of bytes on disk per clip for every backend and codec against
+the source videos' bytes. Each configuration runs for ``--seconds`` after its
+first batch (worker start-up is not timed), ``--rounds`` times, interleaved;
+the best run is kept. The shards were just written, so they sit in the page
+cache: this measures CPU cost, not disk. Nothing is asserted; the tables are
 the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import queue
@@ -27,19 +39,21 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .clipstore import open_clips
 from .dataset import LmdbClipDataset, _batch_array, collate
 from .factory import build_loader
 from .sampler import DistributedClipSampler
 from .onthefly import OnTheFlyVideoDataset
+from .presets import ClipPreset
 
 CODECS = ("raw", "lz4", "jpeg")
+BACKENDS = ("lmdb", "tfrecord")
 N_CLASSES = 5  # convert.synth makes five motion classes
 
 
@@ -79,12 +93,52 @@ class ReadCopyDataset(Dataset):
         return {"clip": buf, "bytes": int(sizes.sum())}
 
 
+class TFRecordPackageDataset(IterableDataset):
+    """A TFRecord conversion through the ``tfrecord`` package's reader, as PyTorch code reads TFRecords without DALI.
+
+    Each DataLoader worker reads its share of the record files in order; each
+    record's payload is decoded (the codec's window) and cropped by the
+    training preset, keyed by (epoch, k) for the worker's k-th record, per
+    clip in Python.
+    """
+
+    def __init__(self, root: str, *, crop_size: int = 112) -> None:
+        store = open_clips(root)
+        self.codec = store.codec
+        self.preset = ClipPreset(train=True, crop_size=crop_size)
+        self.files = [(os.path.join(store.root, s["path"], f["path"]), os.path.join(store.root, s["path"], f["index"]))
+                      for s in store.manifest["shards"] for f in s.get("files", [])]
+        self.epoch = 0
+
+    def __iter__(self):
+        from tfrecord.reader import tfrecord_loader
+
+        from .presets import apply
+
+        info = get_worker_info()
+        files = self.files if info is None else self.files[info.id::info.num_workers]
+        k = 0
+        for data, index in files:
+            for rec in tfrecord_loader(data, index, {"payload": "byte", "shape": "int", "label": "int",
+                                                      "video_id": "byte", "clip_index": "int"}):
+                shape = tuple(int(v) for v in rec["shape"])
+                p = self.preset.params(self.epoch, k, shape)
+                frames = self.codec.window(rec["payload"], shape, p.t0, p.t)
+                yield {"clip": torch.from_numpy(apply(frames, dataclasses.replace(p, t0=0))),
+                       "label": int(rec["label"][0]), "video_id": bytes(rec["video_id"]).decode("utf-8"),
+                       "clip_index": int(rec["clip_index"][0]), "k": k}
+                k += 1
+
+
 def _as_is(batch: Any) -> Any:
     return batch
 
 
 def build_data(root: str, videos: int, workers: int) -> dict[str, str]:
-    """Synthetic videos under root/videos and one conversion per codec; reused when present."""
+    """Synthetic videos under root/videos and one conversion per backend and codec; reused when present.
+
+    Keys: ``videos``, the codec names (LMDB) and ``tfrecord_<codec>``.
+    """
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
     from convert.synth import make_dataset
@@ -92,11 +146,43 @@ def build_data(root: str, videos: int, workers: int) -> dict[str, str]:
     src = os.path.join(root, "videos")
     make_dataset(src, per_class=max(1, math.ceil(videos / N_CLASSES)), seconds=2.0, seed=0)
     outs = {"videos": src}
-    for codec in CODECS:
-        out = os.path.join(root, f"clips_{codec}")
-        run_job(src, out, ConvertConfig(codec=codec), JobOptions(workers=workers, progress=False))
-        outs[codec] = out
+    for backend in BACKENDS:
+        for codec in CODECS:
+            name = codec if backend == "lmdb" else f"{backend}_{codec}"
+            out = os.path.join(root, f"clips_{name}")
+            run_job(src, out, ConvertConfig(backend=backend, codec=codec),
+                    JobOptions(workers=workers, progress=False))
+            outs[name] = out
     return outs
+
+
+def timed(epoch_batches: Callable[[int], Iterable[dict]], seconds: float, *, untimed_each_epoch: bool = False) -> dict:
+    """clips/s and MB/s over the batches of epochs 0, 1, ... until ``seconds`` have been timed.
+
+    The first batch (worker start-up) is not timed; with
+    ``untimed_each_epoch`` neither is the first batch of every later epoch.
+    ``MB/s`` counts ``batch["bytes"]`` where a batch has it, else the clips'
+    bytes.
+    """
+    clips = nbytes = 0
+    done, start, epoch = 0.0, None, 0
+    while True:
+        batches = 0
+        for batches, batch in enumerate(epoch_batches(epoch), 1):
+            now = time.perf_counter()
+            if start is None:
+                start = now
+                continue
+            clips += batch["clip"].shape[0]
+            nbytes += int(torch.as_tensor(batch["bytes"]).sum()) if "bytes" in batch else batch["clip"].numel()
+            elapsed = done + now - start
+            if elapsed >= seconds:
+                return {"clips_s": clips / elapsed, "mb_s": nbytes / elapsed / 1e6, "clips": clips}
+        if not batches:
+            raise ValueError(f"epoch {epoch} gave no batch: fewer clips than one batch (use more --videos)")
+        epoch += 1
+        if untimed_each_epoch and start is not None:
+            done, start = done + time.perf_counter() - start, None
 
 
 def measure(dataset: Dataset, *, batch_size: int, workers: int, seconds: float, start_method: str | None,
@@ -108,26 +194,76 @@ def measure(dataset: Dataset, *, batch_size: int, workers: int, seconds: float, 
         kw = {"collate_fn": collate_fn} if collate_fn is not None else {}
         loader = build_loader(dataset, batch_size=batch_size, workers=workers, pin_memory=False,
                               prefetch_factor=2, start_method=start_method, drop_last=True, **kw)
-    epoch = 0
-    clips = nbytes = 0
-    t0 = None
+
+    def epoch_batches(epoch: int):
+        loader.sampler.set_epoch(epoch)
+        return loader
+
     try:
-        while True:
-            loader.sampler.set_epoch(epoch)
-            for batch in loader:
-                if t0 is None:  # the first batch pays for worker start-up: not timed
-                    t0 = time.perf_counter()
-                    continue
-                clips += batch["clip"].shape[0]
-                nbytes += int(torch.as_tensor(batch["bytes"]).sum()) if "bytes" in batch else batch["clip"].numel()
-                if time.perf_counter() - t0 >= seconds:
-                    elapsed = time.perf_counter() - t0
-                    return {"clips_s": clips / elapsed, "mb_s": nbytes / elapsed / 1e6, "clips": clips}
-            epoch += 1
+        return timed(epoch_batches, seconds)
     finally:
         if threads is not None:
             loader.close()
-        del loader
+
+
+def measure_iterable(dataset: IterableDataset, *, batch_size: int, workers: int, seconds: float,
+                     start_method: str | None) -> dict:
+    """clips and bytes per second of an iterable dataset through a plain DataLoader."""
+    kw = {"prefetch_factor": 2, "persistent_workers": True} if workers else {}
+    if workers and start_method:
+        kw["multiprocessing_context"] = start_method
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, drop_last=True, **kw)
+
+    def epoch_batches(epoch: int) -> DataLoader:
+        dataset.epoch = epoch  # seen by workers started after this (persistent ones keep epoch 0's crops)
+        return loader
+
+    return timed(epoch_batches, seconds)
+
+
+def measure_dali_native(root: str, *, batch_size: int, threads: int, seconds: float, crop_size: int = 112) -> dict:
+    """clips and bytes per second of ``DaliTFRecordLoader`` (training crops, uint8).
+
+    Each epoch's first batch (its pipeline's build and shuffle-buffer fill) is not timed.
+    """
+    from .dali_native import DaliTFRecordLoader
+
+    preset = ClipPreset(train=True, crop_size=crop_size)
+    with DaliTFRecordLoader(root, train=True, batch_size=batch_size, threads=threads, preset=preset) as loader:
+        def epoch_batches(epoch: int) -> DaliTFRecordLoader:
+            loader.set_epoch(epoch)
+            return loader
+
+        return timed(epoch_batches, seconds, untimed_each_epoch=True)
+
+
+def _allocated(path: str) -> int:
+    """Bytes the files under ``path`` occupy on disk (allocated blocks: LMDB's map file is sparse)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            total += os.stat(os.path.join(folder, name)).st_blocks * 512
+    return total
+
+
+def disk_table(paths: dict[str, str]) -> list[str]:
+    """Lines of a table: bytes per clip of every backend and codec, against the source videos' bytes per clip."""
+    src = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(paths["videos"]) for f in fs)
+    lines = [f"{'backend':9s} {'codec':5s} {'clips':>6s} {'value B/clip':>13s} {'disk B/clip':>12s} "
+             f"{'x source':>9s} {'x raw':>7s}"]
+    raw_disk = None
+    for backend in BACKENDS:
+        for codec in CODECS:
+            root = paths[codec if backend == "lmdb" else f"{backend}_{codec}"]
+            manifest = open_clips(root).manifest
+            clips = manifest["totals"]["clips"]
+            disk = _allocated(os.path.join(root, "shards")) / clips
+            raw_disk = disk if codec == "raw" else raw_disk
+            lines.append(f"{backend:9s} {codec:5s} {clips:6d} {manifest['totals']['value_bytes'] / clips:13,.0f} "
+                         f"{disk:12,.0f} {disk / (src / clips):8.1f}x {disk / raw_disk:6.2f}x")
+    clips = open_clips(paths["raw"]).manifest["totals"]["clips"]
+    lines.append(f"{'source':9s} {'h264':5s} {clips:6d} {'':>13s} {src / clips:12,.0f} {1.0:8.1f}x")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,39 +273,59 @@ def run(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     paths = build_data(root, args.videos, cpus)
     n_clips = len(open_clips(paths["raw"]))
-    print(f"built in {time.perf_counter() - t:.1f} s: {n_clips} clips of 16x128x171x3 per codec; "
+    print(f"built in {time.perf_counter() - t:.1f} s: {n_clips} clips of 16x128x171x3 per codec and backend; "
           f"batch {args.batch_size}, {args.seconds:g} s per configuration, torch {torch.__version__}, "
           f"{cpus} CPUs, start method {args.start_method or 'default'}", flush=True)
-    readers = [
-        ("on-the-fly PyAV", lambda: OnTheFlyVideoDataset(paths["videos"], train=True), None),
-        ("lmdb raw", lambda: LmdbClipDataset(paths["raw"], train=True), None),
-        ("lmdb lz4", lambda: LmdbClipDataset(paths["lz4"], train=True), None),
-        ("lmdb jpeg", lambda: LmdbClipDataset(paths["jpeg"], train=True), None),
-        ("read+copy bound (raw)", lambda: ReadCopyDataset(paths["raw"]), _as_is),
-    ]
+    bs, secs, sm = args.batch_size, args.seconds, args.start_method
+    # (name, Dataset maker, collate_fn): read through build_loader, by DataLoader workers or reader threads.
+    datasets = {
+        "on-the-fly PyAV": (lambda: OnTheFlyVideoDataset(paths["videos"], train=True), None),
+        "lmdb raw": (lambda: LmdbClipDataset(paths["raw"], train=True), None),
+        "lmdb lz4": (lambda: LmdbClipDataset(paths["lz4"], train=True), None),
+        "lmdb jpeg": (lambda: LmdbClipDataset(paths["jpeg"], train=True), None),
+        "read+copy bound (raw)": (lambda: ReadCopyDataset(paths["raw"]), _as_is),
+    }
+    # Readers with their own loop, timed per worker count only (no threaded variant).
+    others: dict[str, Callable[[int], dict]] = {}
+    if "dataloader" in args.sections and _dali_importable():
+        for codec in ("raw", "jpeg"):  # lz4: DALI inflates on the GPU only
+            others[f"dali native {codec}"] = lambda w, r=paths[f"tfrecord_{codec}"]: measure_dali_native(
+                r, batch_size=bs, threads=max(1, w), seconds=secs)
+    elif "dataloader" in args.sections:
+        print("nvidia.dali not importable: the dali native rows are skipped", flush=True)
+    if "dataloader" in args.sections:
+        for codec in ("raw", "jpeg"):
+            others[f"tfrecord-pkg {codec}"] = lambda w, r=paths[f"tfrecord_{codec}"]: measure_iterable(
+                TFRecordPackageDataset(r), batch_size=bs, workers=w, seconds=secs, start_method=sm)
+    names = list(datasets)[:-1] + list(others) + list(datasets)[-1:]  # the bound last
     # Every configuration once per round, rounds interleaved, the best kept: on a shared machine
     # other work only ever slows a configuration down.
-    configs = [(name, "workers", w) for name, _, _ in readers for w in args.workers] \
-        if "dataloader" in args.sections else []
+    configs = [(name, "workers", w) for name in names for w in args.workers] if "dataloader" in args.sections else []
+    threaded_names = [n for n in datasets if n != "on-the-fly PyAV"]
     if "threads" in args.sections:
-        configs += [(name, "threads", n) for name, _, _ in readers[1:] for n in thread_counts(args.thread_counts, cpus)]
-    makers = {name: (make, collate_fn) for name, make, collate_fn in readers}
+        configs += [(name, "threads", n) for name in threaded_names for n in thread_counts(args.thread_counts, cpus)]
     results: dict[tuple[str, int], dict] = {}
     threaded: dict[tuple[str, int], dict] = {}
     for _ in range(args.rounds):
         for name, kind, n in configs:
-            make, collate_fn = makers[name]
-            r = measure(make(), batch_size=args.batch_size, workers=n if kind == "workers" else 0,
-                        seconds=args.seconds, start_method=args.start_method, collate_fn=collate_fn,
-                        threads=n if kind == "threads" else None)
+            if name in others:
+                r = others[name](n)
+            else:
+                make, collate_fn = datasets[name]
+                r = measure(make(), batch_size=bs, workers=n if kind == "workers" else 0, seconds=secs,
+                            start_method=sm, collate_fn=collate_fn, threads=n if kind == "threads" else None)
             into = results if kind == "workers" else threaded
             if (name, n) not in into or r["clips_s"] > into[(name, n)]["clips_s"]:
                 into[(name, n)] = r
             print(f"  {name:22s} {kind} {n}: {r['clips_s']:8.1f} clips/s", file=sys.stderr, flush=True)
     if "dataloader" in args.sections:
-        dataloader_table(readers, results, args)
+        dataloader_table(names, results, args)
+        print()
+        print("\n".join(disk_table(paths)))
+        print("\nvalue: header + payload, equal on both backends; disk: allocated blocks of every shard file "
+              "(LMDB's page and free-page overhead, TFRecord's Example framing and index files).")
     if "threads" in args.sections:
-        thread_table(readers[1:], threaded, results, args, cpus)
+        thread_table(threaded_names, threaded, results, args, cpus)
     if "engines" in args.sections:
         engine_table(paths, args, cpus)
     if not args.root and not args.keep:
@@ -177,18 +333,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def dataloader_table(readers: list, results: dict[tuple[str, int], dict], args: argparse.Namespace) -> None:
+def _dali_importable() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def dataloader_table(names: list[str], results: dict[tuple[str, int], dict], args: argparse.Namespace) -> None:
+    """Every reader by worker count, against the on-the-fly baseline (first) and the read+copy bound (last)."""
     print()
     print(f"{'reader':22s} {'workers':>7s} {'clips/s':>9s} {'MB/s':>8s} {'x on-the-fly':>12s} {'of bound':>9s}")
-    for name, _, _ in readers:
+    for name in names:
         for w in args.workers:
             r = results[(name, w)]
-            base = results[(readers[0][0], w)]["clips_s"]
-            bound = results[(readers[-1][0], w)]["clips_s"]
+            base = results[(names[0], w)]["clips_s"]
+            bound = results[(names[-1], w)]["clips_s"]
             print(f"{name:22s} {w:7d} {r['clips_s']:9.1f} {r['mb_s']:8.1f} {r['clips_s'] / base:11.1f}x "
                   f"{r['clips_s'] / bound:8.0%}")
-    print("\nMB/s: uint8 bytes delivered (crops of 16x112x112x3; whole stored values for the bound). "
-          "Ratios compare the same worker count.")
+    print("\nMB/s: uint8 bytes delivered (crops of 16x112x112x3; whole stored payloads for the bound). "
+          "Ratios compare the same worker count; dali native: workers = DALI CPU threads (at least 1).")
 
 
 # -- reader threads in the training process (ThreadedClipLoader) ---------------
@@ -197,16 +362,15 @@ def thread_counts(requested: list[int] | None, cpus: int) -> list[int]:
     return sorted(set(requested or (1, 2, cpus)))
 
 
-def thread_table(readers: list, results: dict[tuple[str, int], dict], dataloader: dict[tuple[str, int], dict],
+def thread_table(names: list[str], results: dict[tuple[str, int], dict], dataloader: dict[tuple[str, int], dict],
                  args: argparse.Namespace, cpus: int) -> None:
     """Each reader through ``build_loader(threads=N)``, against DataLoader workers and the in-process bound."""
     counts = thread_counts(args.thread_counts, cpus)
-    bound_name = readers[-1][0]
-    in_process = dataloader.get((bound_name, 0), {}).get("clips_s")
+    in_process = dataloader.get((names[-1], 0), {}).get("clips_s")
     print("\nReader threads in the training process (build_loader(threads=N)):")
     print(f"{'reader':22s} {'threads':>7s} {'clips/s':>9s} {'MB/s':>8s} {'x 1 thread':>10s} "
           f"{'x DataLoader':>12s} {'of bound':>9s}")
-    for name, _, _ in readers:
+    for name in names:
         for n in counts:
             r = results[(name, n)]
             one = results[(name, counts[0])]["clips_s"]

@@ -45,12 +45,13 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
 
 import gc
 import os
+import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from convert.format import Codec, FormatError
+from convert.format import Codec, FormatError, read_manifest
 
 from .clipstore import ClipStore, DatasetError, open_clips
 from .dali_source import _ClipSource, _Order, _Stream
@@ -60,7 +61,40 @@ from .sampler import EpochPosition
 START_METHODS = ("fork", "spawn")
 _FORMAT_ERROR_PREFIX = f"{FormatError.__module__}.{FormatError.__qualname__}: "
 
-__all__ = ["DaliClipLoader", "build_dali_loader", "gpu_self_check"]
+__all__ = ["DaliClipLoader", "DaliLoaderBase", "PipeSlot", "build_dali_loader", "gpu_self_check", "pipeline_options"]
+
+
+def pipeline_options() -> dict:
+    """Executor options every pipeline of this package is built with.
+
+    ``pipe.run(cuda_stream)`` hands outputs over on a CUDA stream only under
+    DALI's dynamic executor; older releases default to the legacy one and
+    then refuse the stream ("Asynchronous outputs require ..."). The keyword
+    ``exec_dynamic`` exists from DALI 1.44 (before: ``experimental_exec_dynamic``).
+    """
+    return {"exec_dynamic": True}
+
+
+class PipeSlot:
+    """A loader's current pipeline, closed by ``close()``, when the loader is collected, or at exit.
+
+    The finalizer holds the slot, never the loader, so a dropped loader is
+    collected (and its pipeline's threads, worker processes and memory freed)
+    even if nobody calls ``close()``.
+    """
+
+    def __init__(self, owner: object) -> None:
+        self.pipe: Pipeline | None = None
+        self._finalizer = weakref.finalize(owner, self.close)
+
+    def close(self) -> None:
+        pipe, self.pipe = self.pipe, None
+        if pipe is not None:
+            pool = getattr(pipe, "_py_pool", None)  # DALI closes it on garbage collection; do it now
+            if pool is not None:
+                pool.close()
+            del pipe
+            gc.collect()  # a pipeline can sit in reference cycles: free its threads and memory now
 
 
 def _build_pipeline(source: _ClipSource, *, codec: Codec, frames: int, batch_size: int, device_id: int | None,
@@ -69,7 +103,8 @@ def _build_pipeline(source: _ClipSource, *, codec: Codec, frames: int, batch_siz
     """The graph: source -> (codec's decode) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
     threads = max(1, min(4, os.cpu_count() or 1))
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0,
-                    prefetch_queue_depth=prefetch, py_num_workers=max(1, workers), py_start_method=start_method)
+                    prefetch_queue_depth=prefetch, py_num_workers=max(1, workers), py_start_method=start_method,
+                    **pipeline_options())
     parallel = workers > 0
     extra = {"prefetch_queue_depth": prefetch, "bytes_per_sample_hint": hint} if parallel else {}
     with pipe:
@@ -77,7 +112,8 @@ def _build_pipeline(source: _ClipSource, *, codec: Codec, frames: int, batch_siz
         ndims = [1 if source.in_dali else 4, 1, 1, 0, 0, 0]
         if source.in_dali:
             with_shape = [types.INT32] if codec.dali_uses_shape else []
-            dtypes, ndims = dtypes + with_shape + [types.INT64, types.INT64], ndims + [1] * (len(with_shape) + 2)
+            # int32: DALI's int arguments (inflate's shape and chunk offsets/sizes) refuse int64.
+            dtypes, ndims = dtypes + with_shape + [types.INT32, types.INT32], ndims + [1] * (len(with_shape) + 2)
         data, anchor, size, flip, label, index, *parts = fn.external_source(
             source=source, num_outputs=len(dtypes), batch=False, parallel=parallel, dtype=dtypes, ndim=ndims,
             layout=["" if source.in_dali else "FHWC"], **extra)
@@ -129,7 +165,87 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-class DaliClipLoader(EpochPosition):
+class DaliLoaderBase(EpochPosition):
+    """What both DALI loaders share: argument checks, the preset, the conversion, the pipeline's lifetime."""
+
+    def _setup(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None, rank: int,
+               world_size: int, device_id: int | None, seed: int, prefetch: int, normalize: bool) -> None:
+        if not isinstance(train, bool):
+            raise ValueError(f"train must be True or False, got {train!r}")
+        batch_size = _check_int("batch_size", batch_size, 1)
+        world_size = _check_int("world_size", world_size, 1)
+        rank = _check_int("rank", rank, 0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+        seed = _check_int("seed", seed, 0)
+        prefetch = _check_int("prefetch", prefetch, 1)
+        if device_id is not None:
+            device_id = _check_int("device_id", device_id, 0)
+        if not isinstance(normalize, bool):
+            raise ValueError(f"normalize must be True or False, got {normalize!r}")
+        if preset is None:
+            preset = ClipPreset(train=train, seed=seed)
+        elif not isinstance(preset, ClipPreset):
+            raise ValueError(f"preset must be a ClipPreset or None, got {type(preset).__name__}")
+        elif preset.train != train:
+            raise ValueError(f"train={train} but the preset has train={preset.train}")
+        elif seed not in (0, preset.seed):
+            # One seed keys both the order and the crops, as on the LMDB path.
+            raise ValueError(f"seed={seed} disagrees with the preset's seed {preset.seed}")
+        self.root = root
+        self.train = train
+        self.preset = preset
+        self.seed = preset.seed
+        self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
+        self.device_id = device_id
+        self.device = torch.device("cuda", device_id) if device_id is not None else None
+        self.prefetch = prefetch
+        self.normalize = normalize
+        self.store: ClipStore = open_clips(root)
+        self.classes: list[str] = list(self.store.classes)
+        self.codec: str = self.store.manifest["codec"]  # the manifest's name; the codec object is store.codec
+        stored = int(self.store.manifest["clip"]["clip_len"])
+        if preset.clip_len is not None and preset.clip_len > stored:
+            raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
+        shape = self.store.manifest.get("clip_shape")
+        if shape:
+            preset.params(0, 0, shape)  # a crop that cannot fit fails here, not inside DALI
+        self._stored_frames = stored
+        self._stored_shape = tuple(shape) if shape else None
+        self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
+        self.epoch = 0
+        self.position = 0
+        self._slot = PipeSlot(self)
+        self._token = 0  # which iterator may read the pipeline
+
+    @property
+    def _pipe(self) -> Pipeline | None:
+        return self._slot.pipe
+
+    @property
+    def num_clips(self) -> int:
+        """Clips in the conversion (all ranks)."""
+        return len(self.store)
+
+    def close(self) -> None:
+        """Stop the pipeline, its threads and worker processes (a later iteration builds a new one)."""
+        self._slot.close()
+
+    def __enter__(self) -> "DaliLoaderBase":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "cpu" if self.device_id is None else f"cuda:{self.device_id}"
+        return (f"{type(self).__name__}({self.root!r}, {self.codec}, {self.num_clips} clips, rank {self.rank}/"
+                f"{self.world_size}, batch {self.batch_size}, {where}, epoch {self.epoch}, "
+                f"position {self.position}, {self.preset})")
+
+
+class DaliClipLoader(DaliLoaderBase):
     """Batches of a conversion's clips from a DALI pipeline, in ``DistributedClipSampler`` order.
 
     Yields ``{"clip", "label", "video_id", "clip_index", "index"}``: ``clip``
@@ -160,78 +276,29 @@ class DaliClipLoader(EpochPosition):
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int = 2,
                  prefetch: int = 2, normalize: bool = False, drop_last: bool | None = None,
                  start_method: str | None = None, verify: bool = False) -> None:
-        if not isinstance(train, bool):
-            raise ValueError(f"train must be True or False, got {train!r}")
-        batch_size = _check_int("batch_size", batch_size, 1)
-        world_size = _check_int("world_size", world_size, 1)
-        rank = _check_int("rank", rank, 0)
-        if rank >= world_size:
-            raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
-        seed = _check_int("seed", seed, 0)
         workers = _check_int("workers", workers, 0)
-        prefetch = _check_int("prefetch", prefetch, 1)
-        if device_id is not None:
-            device_id = _check_int("device_id", device_id, 0)
-        for name, flag in (("normalize", normalize), ("verify", verify)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if not isinstance(verify, bool):
+            raise ValueError(f"verify must be True or False, got {verify!r}")
         if drop_last is not None and not isinstance(drop_last, bool):
             raise ValueError(f"drop_last must be None (= train), True or False, got {drop_last!r}")
         if start_method is None:
             start_method = "fork" if device_id is None else "spawn"
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be None or one of {', '.join(START_METHODS)}, got {start_method!r}")
-        if preset is None:
-            preset = ClipPreset(train=train, seed=seed)
-        elif not isinstance(preset, ClipPreset):
-            raise ValueError(f"preset must be a ClipPreset or None, got {type(preset).__name__}")
-        elif preset.train != train:
-            raise ValueError(f"train={train} but the preset has train={preset.train}")
-        elif seed not in (0, preset.seed):
-            # One seed keys both the order and the crops, as on the LMDB path.
-            raise ValueError(f"seed={seed} disagrees with the preset's seed {preset.seed}")
-
-        self.root = root
-        self.train = train
-        self.preset = preset
-        self.seed = preset.seed
-        self.batch_size = batch_size
-        self.rank, self.world_size = rank, world_size
-        self.device_id = device_id
-        self.device = torch.device("cuda", device_id) if device_id is not None else None
-        self.workers, self.prefetch, self.start_method = workers, prefetch, start_method
-        self.normalize = normalize
+        self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize)
+        self.workers, self.start_method = workers, start_method
         self.verify = verify
         self.drop_last = train if drop_last is None else drop_last
-        self.store: ClipStore = open_clips(root)
-        self.classes: list[str] = list(self.store.classes)
-        self.codec: str = self.store.manifest["codec"]  # the manifest's name; the codec object is store.codec
-        stored = int(self.store.manifest["clip"]["clip_len"])
-        if preset.clip_len is not None and preset.clip_len > stored:
-            raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
-        shape = self.store.manifest.get("clip_shape")
-        if shape:
-            preset.params(0, 0, shape)  # a crop that cannot fit fails here, not in a worker
-        self._stored_shape = tuple(shape) if shape else None
-        self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
-        self._order = _Order(len(self.store), world=world_size, rank=rank, seed=self.seed, train=train,
-                             batch_size=batch_size, drop_last=self.drop_last)
+        self._order = _Order(len(self.store), world=self.world_size, rank=self.rank, seed=self.seed, train=train,
+                             batch_size=self.batch_size, drop_last=self.drop_last)
         if train and self._order.batches(0) < 1:
-            raise ValueError(f"{root}: {len(self.store)} clips give rank {rank} of {world_size} "
-                             f"{self._order.share_size}, fewer than one batch of {batch_size}")
-        self.epoch = 0
-        self.position = 0
-        self._pipe: Pipeline | None = None
+            raise ValueError(f"{root}: {len(self.store)} clips give rank {self.rank} of {self.world_size} "
+                             f"{self._order.share_size}, fewer than one batch of {self.batch_size}")
         self._stream: _Stream | None = None
         self._next_batch = 0  # batches of the pipeline's stream handed out so far
-        self._token = 0  # which iterator may read the pipeline
 
     # -- sizes ----------------------------------------------------------------
-    @property
-    def num_clips(self) -> int:
-        """Clips in the conversion (all ranks)."""
-        return len(self.store)
-
     @property
     def num_samples(self) -> int:
         """Clips this rank reads per epoch (before ``drop_last``)."""
@@ -295,11 +362,12 @@ class DaliClipLoader(EpochPosition):
         in_dali = codec.decode_in_dali and (self.device_id is not None or codec.dali_cpu)
         source = _ClipSource(self.store, self.preset, self._stream, in_dali=in_dali, verify=self.verify)
         hint = int(np.prod(self._stored_shape)) + 4096 if self._stored_shape else 0
-        self._pipe = _build_pipeline(source, codec=codec, frames=self.clip_shape[0], batch_size=self.batch_size, device_id=self.device_id,
-                                     workers=self.workers, prefetch=self.prefetch, start_method=self.start_method,
-                                     preset=self.preset, normalize=self.normalize, hint=max(hint, 1 << 20))
+        self._slot.pipe = _build_pipeline(
+            source, codec=codec, frames=self.clip_shape[0], batch_size=self.batch_size, device_id=self.device_id,
+            workers=self.workers, prefetch=self.prefetch, start_method=self.start_method, preset=self.preset,
+            normalize=self.normalize, hint=max(hint, 1 << 20))
         self._next_batch = 0
-        return self._pipe
+        return self._slot.pipe
 
     def _run_pipe(self, pipe: Pipeline, stream: Any) -> Sequence[Any]:
         """The pipeline's next outputs; a data error from a worker comes back as a one-line ``DatasetError``."""
@@ -332,28 +400,36 @@ class DaliClipLoader(EpochPosition):
 
     def close(self) -> None:
         """Stop the pipeline and its worker processes (a later iteration builds a new one)."""
-        pipe, self._pipe, self._stream = self._pipe, None, None
-        if pipe is not None:
-            pool = getattr(pipe, "_py_pool", None)  # DALI closes it on garbage collection; do it now
-            if pool is not None:
-                pool.close()
-            del pipe
-            gc.collect()  # the pipeline sits in reference cycles: free its threads and memory now
+        self._stream = None
+        super().close()
 
-    def __repr__(self) -> str:
-        where = "cpu" if self.device_id is None else f"cuda:{self.device_id}"
-        return (f"DaliClipLoader({self.root!r}, {self.codec}, {self.num_clips} clips, rank {self.rank}/"
-                f"{self.world_size}, batch {self.batch_size}, {where}, epoch {self.epoch}, "
-                f"position {self.position}, {self.preset})")
+
+ROUTES = ("auto", "native", "source")
 
 
 def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                       world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int | None = 2,
-                      **kw: Any) -> DaliClipLoader:
-    """``DaliClipLoader`` with the trainer's keyword names (``workers=None``: 2)."""
-    return DaliClipLoader(root, train=train, batch_size=batch_size, preset=preset, rank=rank,
-                          world_size=world_size, device_id=device_id, seed=seed,
-                          workers=2 if workers is None else workers, **kw)
+                      route: str = "auto", **kw: Any) -> Any:
+    """The trainer's DALI loader for ``root``, with the trainer's keyword names.
+
+    ``route``: ``"native"`` is ``loaders.dali_native.DaliTFRecordLoader``
+    (DALI's own TFRecord reader; ``workers`` = DALI's CPU threads, at least
+    1), ``"source"`` is ``DaliClipLoader`` (``fn.external_source``, sampler
+    order, ``workers`` Python worker processes, ``None``: 2), ``"auto"`` the
+    native route for TFRecord conversions and the source route for LMDB.
+    Other keywords go to the loader chosen.
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
+    if route == "auto":
+        route = "native" if read_manifest(root).get("backend") == "tfrecord" else "source"
+    common = {"train": train, "batch_size": batch_size, "preset": preset, "rank": rank, "world_size": world_size,
+              "device_id": device_id, "seed": seed}
+    if route == "native":
+        from .dali_native import DaliTFRecordLoader
+
+        return DaliTFRecordLoader(root, threads=max(1, workers or 1), **common, **kw)
+    return DaliClipLoader(root, workers=2 if workers is None else workers, **common, **kw)
 
 
 def gpu_self_check(*args, **kw) -> dict:

@@ -155,4 +155,4 @@ class _ClipSource:
         if not self.in_dali:
             return out
         shape = (np.asarray(header.shape, dtype=np.int32),) if codec.dali_uses_shape else ()
-        return out + shape + (offsets.astype(np.int64), sizes.astype(np.int64))
+        return out + shape + (offsets.astype(np.int32), sizes.astype(np.int32))

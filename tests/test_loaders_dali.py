@@ -362,3 +362,33 @@ def test_gpu_self_check_refuses_without_cuda():
         pytest.skip("a GPU is present: run python -m loaders.dali instead")
     with pytest.raises(RuntimeError, match="no CUDA device"):
         gpu_self_check("/nonexistent", device_id=0)
+
+
+def test_pipelines_use_the_dynamic_executor_that_run_with_a_stream_needs(shards):
+    """``pipe.run(stream)`` (the loaders' call on a GPU) is refused by DALI's legacy executor; every pipeline
+    here asks for the dynamic one explicitly (DALI's default only in recent releases)."""
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    from loaders.dali import pipeline_options
+
+    def build(**kw) -> Pipeline:
+        pipe = Pipeline(batch_size=2, num_threads=1, device_id=None, seed=1, **kw)
+        with pipe:
+            pipe.set_outputs(fn.random.uniform(range=[0.0, 1.0]))
+        pipe.build()
+        return pipe
+
+    legacy = build(exec_dynamic=False)
+    with pytest.raises(RuntimeError, match="Asynchronous outputs require"):
+        legacy.run(0)  # stream 0 stands for the torch stream the loaders pass
+    ours = build(**pipeline_options())
+    assert ours.exec_dynamic is True
+    try:
+        ours.run(0)
+    except RuntimeError as exc:  # without a GPU the stream then fails in CUDA, past the executor's check
+        assert "Asynchronous outputs require" not in str(exc)
+    loader = DaliClipLoader(shards["raw"], train=False, batch_size=4, workers=0)
+    next(iter(loader))
+    assert loader._pipe.exec_dynamic is True
+    loader.close()

@@ -1,0 +1,493 @@
+"""``DaliTFRecordLoader``: TFRecord conversions read, decoded and cropped by DALI's own operators.
+
+No Python touches a sample: ``fn.readers.tfrecord`` reads the records of
+every shard (through their index files) and shards them over ranks, the
+codec's DALI stage decodes them (``Codec.dali_decode``: nvJPEG for jpeg,
+the GPU inflate over per-frame LZ4 blocks for lz4, a reshape for raw), and
+one ``fn.crop_mirror_normalize`` cuts the crop (and the temporal window),
+flips and normalises on the device. With ``device_id=None`` the same graph
+runs on DALI's CPU backend (raw and jpeg; DALI has no CPU inflate).
+
+How an epoch is read (DALI >= 2.2):
+
+- **Sharding**: rank r reads DALI shard r, the contiguous range
+  ``[N*r // S, N*(r+1) // S)`` of the records in the epoch's file order
+  (``stick_to_shard``; S = world size). ``pad_last_batch`` pads every shard
+  to the same number of whole batches, ``ceil(ceil(N / S) / batch)``,
+  by repeating the shard's last sample after all its real ones: every rank
+  runs the same number of steps. Training keeps the padding (full batches;
+  ``batch["padding"]`` marks it), evaluation drops it (each clip exactly
+  once over all ranks; a batch may be short, and a batch of padding alone is
+  skipped).
+- **Shuffling** (training): the order of the record files is shuffled per
+  epoch (``shuffle_after_epoch``, seeded from (seed, epoch), the same on
+  every rank so the ranks split one order), and samples are drawn at random
+  from a buffer of ``shuffle_buffer_mb`` of records (``random_shuffle``,
+  ``initial_fill``). The shuffle is file-level plus local: clips stored
+  close together (a video's clips, a part's videos) tend to meet in nearby
+  batches.
+- **Crops** (training): window start, scale (multi-scale only), row,
+  column and flip are drawn per sample by ``fn.random.uniform``, as the
+  ``ClipPreset`` describes them, but from DALI's generators, not from
+  (seed, epoch, index): the crops differ from ``ClipDataset``'s. Evaluation
+  takes the centre window and the centre square, rounded as torchvision's
+  CenterCrop (``presets._centre``), so it equals ``ClipDataset(train=False)``
+  bit for bit on the CPU (raw, jpeg) and within nvJPEG's grey level or two
+  on the GPU.
+- **One pipeline per epoch**, seeded from (seed, epoch): epoch e's order
+  and crops depend on (seed, e, world size, batch size) only, whatever ran
+  before. Every rank gets the same seeds (the crop draws are shifted per
+  rank by a multiple of the golden ratio, so ranks do not cut alike), which
+  makes the DALI state of every rank the same: rank 0's checkpoint restores
+  every rank.
+
+Resume: ``state_dict()`` holds DALI's checkpoint of the reader and of every
+random generator (``Pipeline.checkpoint()``) taken after the batches handed
+out so far; ``load_state_dict`` rebuilds the epoch's pipeline from it. With
+the same world size, batch size and preset, the resumed run reads exactly
+what the uninterrupted run would have read: the same clips in the same
+order with the same crops and flips (bit-identical on the CPU; tested).
+Without a usable checkpoint (another world size, batch size, preset or DALI
+version) a position is reached by reading and dropping that many batches of
+the epoch's pipeline.
+
+The reader has no global clip index: batches carry ``video_id`` and
+``clip_index`` from the records, and ``index`` is looked up from them in the
+manifest's clip order (``open_clips``'s numbering).
+"""
+
+from __future__ import annotations
+
+try:
+    import nvidia.dali as dali
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.tfrecord as tfrec
+    import nvidia.dali.types as types
+    from nvidia.dali.pipeline import Pipeline
+except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shared library is not
+    raise ImportError(f"loaders.dali_native needs NVIDIA DALI: pip install nvidia-dali-cuda120 ({_exc})") from None
+
+import base64
+import functools
+import math
+import operator
+import os
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from convert.format import WRITE_CODECS
+from convert.format.codecs import PerFrameCodec
+
+from .clipstore import DatasetError
+from .dali import DaliLoaderBase, _check_int, _to_torch, pipeline_options
+from .presets import ClipPreset, _centre
+
+# fn.readers.tfrecord's shuffle_after_epoch (file order per epoch) arrived in DALI 2.2.
+MIN_DALI = (2, 2)
+_GOLDEN = 0.6180339887498949
+_FEATURES = {
+    "payload": tfrec.FixedLenFeature((), tfrec.string, ""),
+    "part_offsets": tfrec.VarLenFeature(tfrec.int64, 0),
+    "part_sizes": tfrec.VarLenFeature(tfrec.int64, 0),
+    "shape": tfrec.FixedLenFeature([4], tfrec.int64, 0),
+    "label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+    "video_id": tfrec.FixedLenFeature((), tfrec.string, ""),
+    "clip_index": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+}
+
+__all__ = ["DaliTFRecordLoader", "MIN_DALI", "cpu_codecs", "padded_steps", "shard_sizes"]
+
+
+def cpu_codecs() -> list[str]:
+    """Names of the codecs DALI decodes on its CPU backend."""
+    return [name for name, cls in WRITE_CODECS.items() if cls.dali_cpu]
+
+
+def _dali_version() -> tuple[int, ...]:
+    return tuple(int(p) for p in dali.__version__.split(".")[:2] if p.isdigit())
+
+
+def _seed(*key: int) -> int:
+    """A 31-bit seed from ``key`` (DALI takes non-negative int seeds)."""
+    return int(np.random.SeedSequence(list(key)).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+class _Draw:
+    """Per-sample uniform draws in [0, 1): one named generator per quantity, shifted per rank."""
+
+    def __init__(self, shift: float) -> None:
+        self.shift = shift
+
+    def __call__(self, what: str) -> Any:
+        u = fn.random.uniform(range=[0.0, 1.0], name=f"draw_{what}") + self.shift
+        # Even rank 0 (shift 0) gets these operators: DALI names operators by their position in the
+        # graph, and a checkpoint restores only into a graph with the same names.
+        return u - dmath.floor(u)
+
+    @staticmethod
+    def pick(u: Any, count: Any) -> Any:
+        """An integer in 0..count-1 (float DataNode) from draw ``u``."""
+        return dmath.min(dmath.floor(u * count), count - 1)
+
+
+def _centre_node(slack: Any) -> Any:
+    """``presets._centre`` in DALI arithmetic: round(slack / 2) with halves to even."""
+    half = slack // 2
+    return half + (slack & 1) * (half & 1)
+
+
+def _relative(anchor: Any, slack: Any) -> Any:
+    """An integer anchor as crop_mirror_normalize's relative position ``anchor / slack``.
+
+    DALI turns a position back into an anchor by rounding ``pos * slack`` to
+    the nearest integer, which gives ``anchor`` exactly (float32 error is far
+    below half a pixel; checked for every slack below 600).
+    """
+    if isinstance(slack, int):
+        return anchor / max(slack, 1)
+    return anchor / dmath.max(slack, 1)
+
+
+def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: int, preset: ClipPreset,
+           batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int, shards: int,
+           seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
+           build: bool = True) -> Pipeline:
+    """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index.
+
+    ``build=False`` returns it defined but not built: DALI checks operator
+    arguments and placements while the graph is defined, so a GPU graph can be
+    checked that far on a machine without CUDA.
+    """
+    train = preset.train
+    pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id,
+                    seed=_seed(seed, epoch, 1), prefetch_queue_depth=prefetch, enable_checkpointing=True,
+                    checkpoint=checkpoint, **pipeline_options())
+    where = "cpu" if device_id is None else "gpu"
+    frames_all = stored_frames
+    frames = preset.clip_len or frames_all
+    side = preset.crop_size
+    with pipe:
+        if train:
+            order = {"random_shuffle": True, "initial_fill": initial_fill, "shuffle_after_epoch": True,
+                     "shuffle_after_epoch_seed": _seed(seed, epoch, 2)}
+        else:
+            order = {"stick_to_shard": True}
+        rec = fn.readers.tfrecord(path=files, index_path=indexes, features=_FEATURES, shard_id=shard,
+                                  num_shards=shards, pad_last_batch=True, name="reader", **order)
+        shape = rec["shape"]
+        h, w = shape[1], shape[2]
+        draw = _Draw((shard * _GOLDEN) % 1.0)
+        # Crop parameters, as ClipPreset.params draws them: window, scale, row, column, flip.
+        if train:
+            t0 = _Draw.pick(draw("window"), frames_all - frames + 1)
+            if preset.multiscale is not None:
+                short = dmath.min(h, w)
+                k = _Draw.pick(draw("scale"), len(preset.multiscale))
+                scale = sum(s * (k == i) for i, s in enumerate(preset.multiscale))
+                side = dmath.clamp(dmath.floor(short * scale + 0.5), 1, short)
+            y0 = _Draw.pick(draw("row"), h - side + 1)
+            x0 = _Draw.pick(draw("column"), w - side + 1)
+            flip = fn.cast(draw("flip") < 0.5, dtype=types.INT32) if preset.flip else 0
+        else:
+            t0 = _centre(frames_all, frames)
+            y0, x0 = _centre_node(h - side), _centre_node(w - side)
+            flip = 0
+        # Per-frame codecs decode only the window's frames; the others decode all and crop in time below.
+        data = rec["payload"]
+        offsets = fn.cast(rec["part_offsets"], dtype=types.INT32)  # DALI's int arguments take int32 only
+        sizes = fn.cast(rec["part_sizes"], dtype=types.INT32)
+        decoded_frames = frames_all
+        if isinstance(codec, PerFrameCodec) and frames < frames_all:
+            if train:
+                start = fn.cast(t0, dtype=types.INT32)
+                offsets = fn.slice(offsets, start=start, shape=frames, axes=[0])
+                sizes = fn.slice(sizes, start=start, shape=frames, axes=[0])
+            else:
+                offsets, sizes = offsets[t0:t0 + frames], sizes[t0:t0 + frames]
+            t0, decoded_frames = 0, frames
+        if where == "gpu" and not codec.decode_on_host:
+            data = data.gpu()
+        clips = codec.dali_decode(data, shape=fn.cast(shape, dtype=types.INT32), offsets=offsets, sizes=sizes,
+                                  frames=decoded_frames, device=where)
+        # As a volume (D = time), one crop_mirror_normalize cuts the window and the square together.
+        clips = fn.reshape(clips, layout="DHWC")
+
+        crop = {"crop_d": frames, "crop_pos_z": _relative(t0, decoded_frames - frames), "crop_h": side,
+                "crop_w": side, "crop_pos_y": _relative(y0, h - side), "crop_pos_x": _relative(x0, w - side),
+                "rounding": "round"}  # the anchor rounding _relative relies on (DALI's default)
+        if train and preset.multiscale is not None:
+            clips = fn.crop(clips, **crop)
+            clips = fn.resize(fn.reshape(clips, layout="FHWC"), size=[preset.crop_size, preset.crop_size],
+                              interp_type=types.INTERP_LINEAR, antialias=False)
+            clips = fn.reshape(clips, layout="DHWC")
+            crop = {}
+        if normalize:
+            out = {"dtype": types.FLOAT, "mean": list(preset.mean), "std": list(preset.std), "output_layout": "CDHW"}
+        else:
+            out = {"dtype": types.UINT8, "output_layout": "DHWC"}
+        clips = fn.crop_mirror_normalize(clips, mirror=flip, **crop, **out)
+        label = rec["label"]
+        if device_id is not None:
+            label = label.gpu()
+        pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"])
+    if build:
+        pipe.build()
+    return pipe
+
+
+class DaliTFRecordLoader(DaliLoaderBase):
+    """Batches of a TFRecord conversion from DALI's own reader, decoded and cropped by DALI.
+
+    Yields ``{"clip", "label", "video_id", "clip_index", "index", "padding"}``:
+    ``clip`` uint8 (N, T, H, W, C), or with ``normalize`` float (N, C, T, H, W)
+    = ``(x - mean) / std``; ``label`` int64; ``video_id`` a list of str and
+    ``clip_index`` int64 from the records; ``index`` the clip's number in
+    ``open_clips(root)``; ``padding`` bool, True for the padding samples of a
+    training epoch's last batch (always False in evaluation, which drops
+    them). With ``device_id`` set, ``clip`` and ``label`` are on
+    ``cuda:device_id``; the rest stays on the CPU.
+
+    ``preset`` (default ``ClipPreset(train=train, seed=seed)``) gives the crop
+    size, clip length, flip, multi-scale and mean/std; ``seed`` keys the
+    shuffle and the crop draws per epoch. ``threads``: DALI's CPU threads;
+    ``prefetch``: batches prepared ahead; ``shuffle_buffer_mb``: the random
+    shuffle's buffer, in MB of records (at least one batch, at most a shard).
+
+    ``set_epoch``/``set_position`` (whole batches)/``state_dict``/
+    ``load_state_dict`` as the sampler's; the state also carries DALI's
+    checkpoint (see the module docstring for what resumes exactly).
+    ``close()`` (or ``with``) stops the pipeline; a later iteration builds a
+    new one.
+    """
+
+    def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
+                 world_size: int = 1, device_id: int | None = None, seed: int = 0, threads: int = 2,
+                 prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0) -> None:
+        if _dali_version() < MIN_DALI:
+            raise ImportError(f"the native DALI route needs nvidia-dali >= {'.'.join(map(str, MIN_DALI))} "
+                              f"(fn.readers.tfrecord's shuffle_after_epoch); found {dali.__version__}")
+        threads = _check_int("threads", threads, 1)
+        if isinstance(shuffle_buffer_mb, bool) or not isinstance(shuffle_buffer_mb, (int, float)) \
+                or not shuffle_buffer_mb > 0:
+            raise ValueError(f"shuffle_buffer_mb must be a number > 0, got {shuffle_buffer_mb!r}")
+        self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize)
+        self.threads = threads
+        manifest = self.store.manifest
+        if manifest.get("backend") != "tfrecord":
+            raise ValueError(f"{root}: holds {manifest.get('backend', 'lmdb')} shards; DALI's native reader reads "
+                             f"TFRecord conversions only (use loaders.dali.DaliClipLoader)")
+        if device_id is None and not self.store.codec.dali_cpu:
+            raise ValueError(f"{root}: codec {self.codec} needs a GPU in DALI (no CPU inflate); on DALI's CPU "
+                             f"backend (device_id=None) the native route reads {', '.join(cpu_codecs())}")
+        preset = self.preset
+        if not self._stored_shape:
+            short = int(manifest["frame_size"]["short_side"])
+            if preset.multiscale is None and preset.crop_size > short:
+                raise ValueError(f"crop_size {preset.crop_size} does not fit frames of short side {short}")
+        self._files, self._indexes = [], []
+        for s in manifest["shards"]:
+            for f in s.get("files", []):
+                self._files.append(os.path.join(self.store.root, s["path"], f["path"]))
+                self._indexes.append(os.path.join(self.store.root, s["path"], f["index"]))
+        n, world = len(self.store), self.world_size
+        if n < world:
+            raise ValueError(f"{root}: {n} clips cannot be shared by {world} ranks")
+        # DALI's shards: contiguous ranges, each padded to the largest one, in whole batches.
+        self._real = shard_sizes(n, world)[self.rank]
+        self._steps = padded_steps(n, world, self.batch_size)
+        # The shuffle buffer holds whole records: size it in bytes (raw clips are ~1 MB, jpeg ~50 kB).
+        mean_bytes = sum(s["value_bytes"] for s in manifest["shards"]) / max(1, n)
+        self.initial_fill = int(min(max(shard_sizes(n, world)), max(self.batch_size,
+                                                                     shuffle_buffer_mb * 2**20 // mean_bytes)))
+        firsts = np.cumsum(self.store.video_clips) - self.store.video_clips
+        self._first = dict(zip(self.store.video_ids, firsts.tolist()))
+        self._at: tuple[int, int] | None = None  # (epoch, samples read) of the pipeline in the slot
+        self._resume: tuple[int, int, bytes] | None = None  # a checkpoint to build (epoch, position) from
+
+    # -- sizes ----------------------------------------------------------------
+    @property
+    def num_real(self) -> int:
+        """Clips this rank reads per epoch, padding not counted."""
+        return self._real
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this rank reads per epoch, padding included (``steps_per_epoch * batch_size``)."""
+        return self._steps * self.batch_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch, the same on every rank."""
+        return self._steps
+
+    def __len__(self) -> int:
+        return self._steps
+
+    # -- position and state ---------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._resume is not None and self._resume[0] != self.epoch:
+            self._resume = None
+
+    def set_position(self, position: int) -> None:
+        """Start this epoch's iteration after ``position`` samples (a whole number of batches)."""
+        if operator.index(position) % self.batch_size:
+            raise ValueError(f"position must be a multiple of the batch size {self.batch_size} on the native "
+                             f"DALI route, got {position}")
+        super().set_position(position)
+
+    def _config(self) -> dict:
+        # What a checkpoint depends on: the sharding, the batches, the graph (its operator names) and DALI.
+        return {"world_size": self.world_size, "batch_size": self.batch_size, "seed": self.seed,
+                "clips": self.num_clips, "files": len(self._files), "preset": repr(self.preset),
+                "gpu": self.device_id is not None, "normalize": self.normalize, "dali": dali.__version__}
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """``{"epoch", "position"}``, plus DALI's checkpoint (``"dali"``) when the position is inside the epoch.
+
+        ``consumed``: samples of this epoch used (default: the position set);
+        it must be where the pipeline stands (every batch handed out used) or
+        the position a checkpoint was loaded for.
+        """
+        state = super().state_dict(consumed)
+        position = state["position"]
+        if position == 0 or position >= self.num_samples:
+            return state
+        if self._slot.pipe is not None and self._at == (self.epoch, position):
+            ckpt = self._slot.pipe.checkpoint()
+        elif self._resume is not None and self._resume[:2] == (self.epoch, position):
+            ckpt = self._resume[2]
+        else:
+            at = f"epoch {self._at[0]} position {self._at[1]}" if self._at else "nothing read"
+            raise ValueError(f"the native DALI route saves where its pipeline stands ({at}), not at epoch "
+                             f"{self.epoch} position {position}")
+        state["dali"] = {"checkpoint": base64.b64encode(ckpt).decode("ascii"), **self._config()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``; its DALI checkpoint is used when it was made with this configuration."""
+        saved = state.get("dali")
+        same = isinstance(saved, dict) and {k: saved.get(k) for k in self._config()} == self._config()
+        if not same and "position" in state:
+            # Saved with another batch size or world size: the caller (the trainer) sets the position
+            # it wants next; keep a valid one meanwhile.
+            p = int(state["position"])
+            state = {**state, "position": min(p - p % self.batch_size, self.num_samples)}
+        super().load_state_dict(state)  # through set_position: a whole number of batches
+        self._resume = None
+        if same and self.position:
+            self._resume = (self.epoch, self.position, base64.b64decode(saved["checkpoint"]))
+
+    # -- iteration ------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        self._token += 1
+        first = self.position // self.batch_size
+        if first >= self._steps:
+            return iter(())
+        return self._batches(self._token, self.epoch, first)
+
+    def _batches(self, token: int, epoch: int, first: int) -> Iterator[dict]:
+        pipe = self._attach(epoch, first * self.batch_size)
+        stream = torch.cuda.current_stream(self.device) if self.device is not None else None
+        for b in range(first, self._steps):
+            if token != self._token:
+                raise RuntimeError("this DaliTFRecordLoader iterator was superseded by a newer iter() of the loader")
+            outs = self._run(pipe, stream)
+            self._at = (epoch, (b + 1) * self.batch_size)
+            batch = self._batch(outs, b * self.batch_size, stream)
+            if batch is not None:
+                yield batch
+
+    def _attach(self, epoch: int, position: int) -> Pipeline:
+        """A pipeline whose next batch is (epoch, position): the one in the slot, or a new one."""
+        at = self._at
+        if self._slot.pipe is not None and at is not None:
+            if at == (epoch, position):
+                return self._slot.pipe
+            if not self.train and position == 0 and at[1] == self.num_samples:
+                return self._slot.pipe  # evaluation passes are all alike: read on into the next
+        self.close()
+        ckpt = None
+        if self._resume is not None and self._resume[:2] == (epoch, position):
+            ckpt = self._resume[2]
+        build = functools.partial(self._pipeline, epoch)
+        try:
+            self._slot.pipe = pipe = build(checkpoint=ckpt)
+        except RuntimeError as exc:
+            if ckpt is None:
+                raise
+            warnings.warn(f"{self.root}: DALI refused the saved checkpoint ({str(exc).splitlines()[0]}); "
+                          f"reading up to position {position} of epoch {epoch} instead", RuntimeWarning)
+            ckpt = None
+            self._slot.pipe = pipe = build(checkpoint=None)
+        meta = pipe.reader_meta("reader")
+        padded = self.world_size * max(shard_sizes(self.num_clips, self.world_size))
+        if (meta["epoch_size"], meta["epoch_size_padded"]) != (self.num_clips, padded):
+            self.close()
+            raise RuntimeError(f"{self.root}: DALI's reader sees {meta['epoch_size']} records "
+                               f"({meta['epoch_size_padded']} padded); the manifest lists {self.num_clips} clips "
+                               f"({padded} padded)")
+        self._at = (epoch, position if ckpt is not None else 0)
+        # No checkpoint for this position: read up to it (exact, but it costs the reading).
+        for _ in range(self._at[1] // self.batch_size, position // self.batch_size):
+            self._run(pipe, None)
+        self._at = (epoch, position)
+        return pipe
+
+    def _pipeline(self, epoch: int, checkpoint: bytes | None = None, build: bool = True) -> Pipeline:
+        """Epoch ``epoch``'s pipeline for this rank (``build=False``: defined only)."""
+        return _build(files=self._files, indexes=self._indexes, codec=self.store.codec,
+                      stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size,
+                      threads=self.threads, device_id=self.device_id, prefetch=self.prefetch, shard=self.rank,
+                      shards=self.world_size, seed=self.seed, epoch=epoch, initial_fill=self.initial_fill,
+                      normalize=self.normalize, checkpoint=checkpoint, build=build)
+
+    def _run(self, pipe: Pipeline, stream: Any) -> Any:
+        try:
+            return pipe.run(stream) if stream is not None else pipe.run()
+        except RuntimeError as exc:
+            self.close()
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            why = next((ln for ln in lines if "rror" in ln and "pipeline" not in ln.lower()), lines[0] if lines
+                       else type(exc).__name__)
+            raise DatasetError(f"{self.root}: DALI could not read the conversion: {why}") from exc
+
+    def _batch(self, outs: Any, start: int, stream: Any) -> dict | None:
+        clips_tl, labels_tl, ids_tl, index_tl = outs
+        bs = self.batch_size
+        real = max(0, min(bs, self._real - start))
+        n = bs if self.train else real
+        if n == 0:
+            return None  # evaluation: a batch of padding only
+        video_ids = [bytes(np.asarray(ids_tl[i])).decode("utf-8") for i in range(n)]
+        clip_index = torch.from_numpy(np.array(index_tl.as_tensor()).reshape(-1)[:n].astype(np.int64))
+        try:
+            index = torch.tensor([self._first[v] + c for v, c in zip(video_ids, clip_index.tolist())],
+                                 dtype=torch.int64)
+        except KeyError as exc:
+            raise DatasetError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
+                               f"do not list") from None
+        return {"clip": _to_torch(clips_tl, self.device, stream)[:n],
+                "label": _to_torch(labels_tl, self.device, stream).reshape(-1)[:n],
+                "video_id": video_ids, "clip_index": clip_index, "index": index,
+                "padding": torch.arange(n) >= real}
+
+    def close(self) -> None:
+        """Stop the pipeline and free its threads and memory (a later iteration builds a new one)."""
+        super().close()
+        self._at = None
+
+
+def shard_sizes(clips: int, world_size: int) -> list[int]:
+    """Clips per rank in DALI's sharding (contiguous ranges, ``clips * r // world_size`` onwards)."""
+    return [clips * (r + 1) // world_size - clips * r // world_size for r in range(world_size)]
+
+
+def padded_steps(clips: int, world_size: int, batch_size: int) -> int:
+    """Batches per rank per epoch with ``pad_last_batch``: every shard padded to the largest, in whole batches."""
+    return math.ceil(math.ceil(clips / world_size) / batch_size)
