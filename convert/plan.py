@@ -137,14 +137,16 @@ def make_plan(source: Source, config: ConvertConfig, n_shards: int, source_info:
     """Deal the videos round-robin in order of a stable hash of their id.
 
     Shards get equal counts and a mix of classes, and no pattern in the names
-    (say, every fourth file a long one) lines up with the shard count.
-    Each shard keeps its videos sorted by id.
+    (say, every fourth file a long one) lines up with the shard count. Each
+    shard converts its videos in that hash order too: a TFRecord part file
+    then holds videos of mixed classes in no pattern, which DALI's file-level
+    and buffer shuffle needs (class-folder ids in id order would put a
+    class's videos side by side). Readers do not depend on it: a shard's
+    reading order is its records sorted by id (FORMAT.md).
     """
     shards: list[list[VideoItem]] = [[] for _ in range(n_shards)]
     for i, item in enumerate(sorted(source.items, key=lambda it: _stable_hash(it.id))):
         shards[i % n_shards].append(item)
-    for s in shards:
-        s.sort(key=lambda it: it.id)
     return Plan(config, source.classes, shards, list(source.problems), source_info)
 
 
