@@ -101,7 +101,7 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tiny_data, tmp_pa
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "2 process(es)" in proc.stdout
     single, ddp = final_state(tmp_path / "single"), final_state(tmp_path / "ddp")
-    assert ddp["world_size"] == 2 and ddp["step"] == single["step"] == 3
+    assert ddp["config"]["world_size"] == 2 and ddp["step"] == single["step"] == 3
     assert len(ddp["rng"]) == 2  # each rank's RNG is kept
     worst = max(float((single["model"][k] - ddp["model"][k]).abs().max()) for k in single["model"])
     assert worst < 1e-6, worst
