@@ -177,9 +177,11 @@ def test_device_check_smoke(tiny_data, tmp_path):
     assert "clips/s" in proc.stdout and "MFU" in proc.stdout
     result = json.load(open(tmp_path / "dc" / "device_check.json"))
     rows = {(r["loader"], r["amp"]): r for r in result["rows"]}
-    lmdb = rows[("lmdb", "bf16")]
-    assert "error" not in lmdb and lmdb["batch"] == 8 and lmdb["clips_per_s"] > 0 and 0 <= lmdb["data_wait"] <= 1
-    assert lmdb["mfu"] == pytest.approx(lmdb["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+    for loader in ("threads", "processes"):  # reader threads (the trainer's default) and DataLoader processes
+        row = rows[(loader, "bf16")]
+        assert "error" not in row and row["batch"] == 8 and row["clips_per_s"] > 0 and 0 <= row["data_wait"] <= 1
+        assert row["mfu"] == pytest.approx(row["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+        assert f"| {loader} | bf16 | 8 | {row['clips_per_s']:.1f} |" in proc.stdout
     assert rows[("all", "fp16")]["error"] == "fp16 needs CUDA: skipped"
     dali = rows.get(("dali", "bf16"))
     assert dali is not None and ("error" not in dali or "skipped" in dali["error"])
