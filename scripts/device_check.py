@@ -1,19 +1,23 @@
 """GPU check for the trainer: full-size C3D from synthetic LMDB shards, bf16 and fp16, one table.
 
-    python scripts/device_check.py            # on a CUDA machine (about 5 minutes on one H200; budget 8)
+    python scripts/device_check.py            # on a CUDA machine (about 6 minutes on one H200; stops at 7.5)
     python scripts/device_check.py --smoke    # anywhere: tiny width and steps, CPU-only configurations
 
 Every configuration runs the trainer itself (``train.main.run_argv``), so the
 check covers the code paths a real run takes: channels_last, the LR plan,
 the non-finite-loss guard, NVML logging. For each AMP dtype (bf16, fp16) the
-LMDB configuration trains with ``--batch-size auto`` (the trainer's probe:
-largest batch within 85% of GPU memory) and the DALI configuration (when
-``nvidia.dali`` imports) reuses that batch. Each trains ``--steps`` optimizer
+reader-thread configuration (``--loader threads``, the trainer's default)
+trains with ``--batch-size auto`` (the trainer's probe: largest batch within
+85% of GPU memory); the DataLoader worker processes (``--loader processes``)
+and DALI (when ``nvidia.dali`` imports) reuse that batch, so the three
+loaders are compared at one batch. Each trains ``--steps`` optimizer
 steps; the table gives clips/s, model FLOPs utilisation against the GPU's
 dense bf16 peak (C3D: ~38.5 GMACs forward per 16x112x112 clip, so ~231e9 FLOP
 forward + backward), the fraction of step time spent waiting for data, peak
 memory, GPU utilisation from NVML (when ``nvidia-ml-py`` is installed) and
-the batch. Results also go to WORK/device_check.json.
+the batch. Results also go to WORK/device_check.json. A configuration that
+would start after ``--budget-s`` seconds is skipped (and said so), so the
+whole check stays within its 8 minutes however slow the machine.
 """
 
 from __future__ import annotations
@@ -146,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per configuration (default 20)")
     p.add_argument("--batch", default=None,
                    help="clips per step: a number or auto (default auto on a GPU: the trainer's probe; smoke 8)")
-    p.add_argument("--workers", type=int, default=None, help="loader processes (default: cores - 2, max 14)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="reader threads (threads) or worker processes (processes) or DALI workers per "
+                        "configuration (default: cores - 2, at most 14)")
+    p.add_argument("--budget-s", type=float, default=450.0,
+                   help="skip the configurations that would start after this many seconds (default 450, so the "
+                        "check ends within 8 minutes)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: from its name, e.g. H200 989)")
     return p
@@ -178,7 +187,8 @@ def main() -> int:
         data = build_shards(opts.work, per_class=per_class, seconds=seconds, size=size, workers=max(cores, 2))
     print(f"data: {data} (ready in {time.perf_counter() - t0:.0f} s); device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if cuda else ""), flush=True)
-    loaders = ["lmdb"] + (["dali"] if dali_importable() else [])
+    # The first loader probes the batch (auto); the others reuse its answer.
+    loaders = ["threads", "processes"] + (["dali"] if dali_importable() else [])
     rows = []
     for amp in ("bf16", "fp16"):
         if amp == "fp16" and not cuda:
@@ -186,11 +196,16 @@ def main() -> int:
             continue
         batch = opts.batch
         for loader in loaders:
+            spent = time.perf_counter() - t0
+            if spent > opts.budget_s:
+                rows.append({"loader": loader, "amp": amp, "batch": batch,
+                             "error": f"skipped: {spent:.0f} s spent, over --budget-s {opts.budget_s:g}"})
+                continue
             print(f"--- {loader} {amp} (batch {batch}) ---", flush=True)
             row = run_config(data, opts.work, loader, amp, batch, opts, device)
             rows.append(row)
             if "error" not in row:
-                batch = row["batch"]  # DALI reuses the batch the LMDB run's probe found
+                batch = row["batch"]  # the next loaders reuse the batch the first one's probe found
     if "dali" not in loaders:
         rows.append({"loader": "dali", "amp": "-", "batch": "-", "error": "nvidia.dali not importable: skipped"})
     print()

@@ -15,7 +15,7 @@ from train.data import dataset_info
 from train.main import main
 
 from .loaders_fixtures import copy_conversion, loader_base, rewrite_value, short_side_root  # noqa: F401
-from .train_fixtures import common, tiny_data  # noqa: F401
+from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
 
 
 def test_fixed_size_conversion(tiny_data):
@@ -60,7 +60,6 @@ def test_trainer_refuses_a_clip_len_longer_than_stored(tiny_data, tmp_path, caps
 
 def test_video_epochs_in_the_trainer(tiny_data, tmp_path):
     """20 videos x 1 clip per epoch at batch 8: 2 steps per epoch (the last 4 dropped), one clip per video."""
-    from train.args import build_parser, check_args
     from train.data import build_train_data
     from train.dist import DistInfo
     from train.main import run_argv
@@ -70,9 +69,9 @@ def test_video_epochs_in_the_trainer(tiny_data, tmp_path):
     argv = common(tiny_data, tmp_path / "v") + ["--epoch-mode", "videos", "--batch-size", "8", "--epochs", "2"]
     s = run_argv(argv)
     assert s["step"] == 4
-    args = build_parser().parse_args(argv)
-    check_args(args, cpu)
-    data = build_train_data(args, DistInfo(0, 1, 0, cpu, None))
+    cfg = cpu_config(argv)
+    assert (cfg.epoch_samples, cfg.steps_per_epoch) == (20, 2)
+    data = build_train_data(cfg, DistInfo(0, 1, 0, cpu, None))
     assert data.steps_per_epoch == 2 and data.sampler.epoch_size == 20
     data.set_epoch(1)
     videos = [v for b in data for v in b["video_id"]]

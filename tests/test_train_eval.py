@@ -9,14 +9,13 @@ import torch
 
 from loaders import open_clips
 from loaders.presets import KINETICS_MEAN, KINETICS_STD
-from train.args import build_parser, check_args
 from train.data import build_eval_data, multiview_items
 from train.dist import DistInfo
 from train.engine import evaluate
 from train.main import run_argv
 from train.model import C3D
 
-from .train_fixtures import common, tiny_data  # noqa: F401
+from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
 
 CPU = torch.device("cpu")
 
@@ -32,9 +31,9 @@ def test_uniformly_spaced_clips_times_three_crops():
 
 def test_10x3_video_score_equals_the_hand_computed_mean(tiny_data, tmp_path):
     """Every video's score is the mean softmax over its 2 stored clips x left/centre/right 32x32 crops."""
-    args = build_parser().parse_args(common(tiny_data, tmp_path) + ["--eval-protocol", "10x3", "--batch-size", "7"])
-    check_args(args, CPU)
-    data = build_eval_data(tiny_data, args, DistInfo(0, 1, 0, CPU, None))
+    cfg = cpu_config(common(tiny_data, tmp_path) + ["--eval-protocol", "10x3", "--batch-size", "7"])
+    assert cfg.eval_batch_size == 7  # the training batch, as none was given for evaluation
+    data = build_eval_data(tiny_data, cfg, DistInfo(0, 1, 0, CPU, None))
     assert data.num_clips == 20 * 2 * 3 and data.protocol["name"] == "10x3"  # 10 asked, 2 stored per video
     torch.manual_seed(0)
     model = C3D(5, width=0.0625, clip_len=16, crop_size=32)

@@ -18,7 +18,7 @@ def test_threads_train_exactly_like_processes_and_log_loader_numbers(tiny_data, 
     procs = run_argv(common(tiny_data, tmp_path / "procs") + args + ["--workers", "1", "--loader", "processes"])
     assert_states_equal(final_state(tmp_path / "threads")["model"], final_state(tmp_path / "procs")["model"])
     assert threads["eval"]["clip_top1"] == procs["eval"]["clip_top1"] and threads["eval"]["clips"] == 40
-    assert final_state(tmp_path / "threads")["args"]["loader"] == "threads"  # the default
+    assert final_state(tmp_path / "threads")["config"]["loader"] == "threads"  # the default
 
     rows = [json.loads(line) for line in open(tmp_path / "threads" / "metrics.jsonl")]
     train_rows = [r for r in rows if r["kind"] == "train"]

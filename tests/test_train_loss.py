@@ -8,7 +8,6 @@ from torch import nn
 
 import train.main
 from train import checkpoint as ckpt_io
-from train.args import build_parser, check_args
 from train.data import build_train_data
 from train.dist import DistInfo
 from train.engine import StepConfig, TrainState, model_input, train_one_epoch
@@ -16,7 +15,7 @@ from train.main import main, run_argv
 from train.metrics import MetricsLog, read_metrics
 from train.model import C3D
 
-from .train_fixtures import common, tiny_data  # noqa: F401
+from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
 
 CPU = torch.device("cpu")
 
@@ -28,9 +27,7 @@ def test_label_smoothing_loss_is_torchs(tiny_data, tmp_path):
     run_argv(argv)
     (row,) = [r for r in read_metrics(str(tmp_path / "ls" / "metrics.jsonl")) if r["kind"] == "train"]
     # The same batch and weights (lr 0 leaves them as initialised), computed here.
-    args = build_parser().parse_args(argv)
-    check_args(args, CPU)
-    data = build_train_data(args, DistInfo(0, 1, 0, CPU, None))
+    data = build_train_data(cpu_config(argv), DistInfo(0, 1, 0, CPU, None))
     data.set_epoch(0)
     batch = next(iter(data))
     model = C3D(5, width=0.0625, clip_len=16, crop_size=32, dropout=0.0)

@@ -101,7 +101,7 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tiny_data, tmp_pa
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "2 process(es)" in proc.stdout
     single, ddp = final_state(tmp_path / "single"), final_state(tmp_path / "ddp")
-    assert ddp["world_size"] == 2 and ddp["step"] == single["step"] == 3
+    assert ddp["config"]["world_size"] == 2 and ddp["step"] == single["step"] == 3
     assert len(ddp["rng"]) == 2  # each rank's RNG is kept
     worst = max(float((single["model"][k] - ddp["model"][k]).abs().max()) for k in single["model"])
     assert worst < 1e-6, worst
@@ -177,9 +177,11 @@ def test_device_check_smoke(tiny_data, tmp_path):
     assert "clips/s" in proc.stdout and "MFU" in proc.stdout
     result = json.load(open(tmp_path / "dc" / "device_check.json"))
     rows = {(r["loader"], r["amp"]): r for r in result["rows"]}
-    lmdb = rows[("lmdb", "bf16")]
-    assert "error" not in lmdb and lmdb["batch"] == 8 and lmdb["clips_per_s"] > 0 and 0 <= lmdb["data_wait"] <= 1
-    assert lmdb["mfu"] == pytest.approx(lmdb["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+    for loader in ("threads", "processes"):  # reader threads (the trainer's default) and DataLoader processes
+        row = rows[(loader, "bf16")]
+        assert "error" not in row and row["batch"] == 8 and row["clips_per_s"] > 0 and 0 <= row["data_wait"] <= 1
+        assert row["mfu"] == pytest.approx(row["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+        assert f"| {loader} | bf16 | 8 | {row['clips_per_s']:.1f} |" in proc.stdout
     assert rows[("all", "fp16")]["error"] == "fp16 needs CUDA: skipped"
     dali = rows.get(("dali", "bf16"))
     assert dali is not None and ("error" not in dali or "skipped" in dali["error"])

@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from train import checkpoint as ckpt_io
+from train.config import TrainConfig
+
+CPU = torch.device("cpu")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BUILT: dict[str, str] = {}
@@ -54,3 +57,12 @@ def assert_states_equal(a: dict, b: dict) -> None:
 def subprocess_env() -> dict[str, str]:
     """The environment for a ``python -m train`` child that imports this worktree's code."""
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def cpu_config(argv: list[str]) -> TrainConfig:
+    """``python -m train ARGV``'s resolved TrainConfig for one process on the CPU (what ``run`` builds)."""
+    from train.args import build_parser
+    from train.config import resolve_config
+    from train.dist import DistInfo
+
+    return resolve_config(build_parser().parse_args(argv), DistInfo(0, 1, 0, CPU, None))

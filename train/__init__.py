@@ -4,7 +4,8 @@ Modules: ``model`` (C3D), ``dist`` (process group), ``data`` (loaders seam),
 ``schedule`` (optimizer and learning rate), ``checkpoint`` (atomic save, exact
 resume), ``engine`` (train_one_epoch, evaluate), ``metrics`` (evaluation
 numbers, JSON lines, TensorBoard), ``plots`` (PNG figures), ``autobatch``
-(``--batch-size auto``), ``args`` (command line), ``main``, ``demo`` and
+(``--batch-size auto``), ``args`` (command line), ``config`` (the run's
+frozen ``TrainConfig``, resolved once from it), ``main``, ``evalcmd``, ``demo`` and
 ``synthdata`` (converted synthetic datasets for the demo, tests and device check).
 """
 

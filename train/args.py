@@ -1,15 +1,17 @@
-"""Command line of ``python -m train`` (and ``torchrun ... -m train``)."""
+"""Command line of ``python -m train`` (and ``torchrun ... -m train``).
+
+``build_parser`` gives the options as written; ``train.config.resolve_config``
+turns the parsed Namespace into the run's frozen ``TrainConfig``, checking
+every value, and nothing downstream reads the Namespace.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
 
-import torch
-
-from .errors import TrainError
+from .config import AMP_DTYPES, BACKENDS, EPOCH_MODES, LOADER_ALIASES, LOADERS, OPTIMIZERS
 from .data import PROTOCOLS
-from .schedule import SCALINGS
+from .schedule import SCALINGS, SCHEDULES
 
 
 def _batch(text: str) -> int | str:
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
     g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")
-    g.add_argument("--loader", default="threads", choices=("threads", "processes", "lmdb", "dali"),
+    g.add_argument("--loader", default="threads", choices=(*LOADERS, *LOADER_ALIASES),
                    help="reader: threads (default: reader threads in each training process, pinned batch ring), "
                         "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "
                         "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions")
@@ -42,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
                         "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
                         "at most 8)")
+    g.add_argument("--verify-data", action="store_true",
+                   help="check every clip's CRC-32 as it is read: a damaged payload stops the run naming its shard "
+                        "and clip (without it, a flipped byte is trained on silently). Costs about 1-5%% of the "
+                        "loader's speed (README); python -m convert verify DATA checks whole shards once")
     g.add_argument("--crop-size", type=int, default=112, help="square crop fed to the model (default 112)")
     g.add_argument("--clip-len", type=int, default=None, help="frames per clip (default: the stored length)")
     g.add_argument("--downsample", type=int, default=1,
@@ -50,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--colour-permutation", action="store_true",
                    help="randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
                         "the crops); for data where colour is a nuisance, such as the synthetic demo")
-    g.add_argument("--epoch-mode", default="clips", choices=("clips", "videos"),
+    g.add_argument("--epoch-mode", default="clips", choices=EPOCH_MODES,
                    help="clips: an epoch is every stored clip once (default); videos: an epoch is every video "
                         "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
-                        "usual Kinetics regime; --loader lmdb)")
+                        "usual Kinetics regime; --loader threads or processes)")
     g.add_argument("--clips-per-video", type=int, default=1, help="with --epoch-mode videos (default 1)")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
@@ -88,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--batch-size)")
     g.add_argument("--accum-steps", type=int, default=1,
                    help="micro-batches per optimizer step; gradients all-reduce on the last one only")
-    g.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="default sgd (the paper)")
+    g.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS, help="default sgd (the paper)")
     g.add_argument("--lr", type=float, default=0.003,
                    help="learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
                         "the paper's); scaled to batch x processes by --lr-scaling")
@@ -101,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-lr", type=float, default=None, help="cap on the scaled learning rate (default: none)")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     g.add_argument("--weight-decay", type=float, default=5e-4, help="on weights, not biases (default 5e-4)")
-    g.add_argument("--schedule", default="step", choices=("step", "cosine", "constant"),
+    g.add_argument("--schedule", default="step", choices=SCHEDULES,
                    help="step: x --lr-gamma every --lr-step-epochs (the paper: /10 every 4 epochs); "
                         "cosine: to 0 over --epochs; constant")
     g.add_argument("--lr-step-epochs", type=float, default=4.0, help="step schedule period (default 4 epochs)")
@@ -115,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--label-smoothing", type=float, default=0.0,
                    help="label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)")
     g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
-    g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
+    g.add_argument("--amp", default=None, choices=tuple(AMP_DTYPES),
                    help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
                         "needs CUDA; bf16 also runs on the CPU")
     g.add_argument("--init-scale", type=float, default=2.0**16, help="fp16 GradScaler initial scale (default 65536)")
@@ -133,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "schedule); starts fresh when there is none, so a restart script can always pass it")
     g.add_argument("--seed", type=int, default=0, help="data order, augmentation, init and dropout (default 0)")
     g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
-    g.add_argument("--dist-backend", default=None, choices=("nccl", "gloo"),
+    g.add_argument("--dist-backend", default=None, choices=BACKENDS,
                    help="process group backend under torchrun (default nccl on GPUs, gloo on the CPU)")
     g.add_argument("--ddp-bucket-mb", type=float, default=25.0,
                    help="DDP gradient bucket size (default 25, PyTorch's: C3D's ~320 MB of fp32 gradients make "
@@ -165,54 +171,3 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)")
     return p
-
-
-def default_workers(world_size: int, loader: str = "processes") -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if loader == "threads":  # threads share the process: every core of this rank's share
-        return max(1, min(16, cores // max(local, 1)))
-    return max(0, min(8, cores // max(local, 1) - 1))
-
-
-def check_args(args: argparse.Namespace, device: torch.device) -> None:
-    """Option combinations that cannot work, as one-line errors, before anything is built."""
-    cpu = device.type != "cuda"
-    if args.loader == "lmdb":
-        args.loader = "processes"  # the old name
-    if args.profile < 0:
-        raise TrainError(f"--profile must be >= 0 steps, got {args.profile}")
-    if args.amp is None:
-        args.amp = "off" if cpu else "bf16"
-    if cpu and args.amp == "fp16":
-        raise TrainError("--amp fp16 needs CUDA (fp16 autocast with a GradScaler); on the CPU use --amp bf16 or off")
-    if cpu and args.channels_last:
-        raise TrainError("--channels-last needs CUDA (channels_last_3d convolutions are a GPU speed-up)")
-    if args.accum_steps < 1:
-        raise TrainError(f"--accum-steps must be at least 1, got {args.accum_steps}")
-    if args.batch_size != "auto" and args.batch_size % args.accum_steps:
-        raise TrainError(f"--batch-size {args.batch_size} is not divisible by --accum-steps {args.accum_steps} "
-                         f"(--batch-size is the per-process batch of one optimizer step, split into equal "
-                         f"micro-batches)")
-    if args.downsample < 1 or args.crop_size % args.downsample:
-        raise TrainError(f"--crop-size {args.crop_size} must be a multiple of --downsample {args.downsample}")
-    if args.epochs < 1:
-        raise TrainError(f"--epochs must be at least 1, got {args.epochs}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
-    if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
-        raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
-    if args.eval_clips < 1:
-        raise TrainError(f"--eval-clips must be at least 1, got {args.eval_clips}")
-    if args.clips_per_video < 1:
-        raise TrainError(f"--clips-per-video must be at least 1, got {args.clips_per_video}")
-    if args.keep_last < 1:
-        raise TrainError(f"--keep-last must be at least 1, got {args.keep_last}")
-    if args.early_stop is not None and (args.early_stop < 1 or not args.val_data or not args.eval_every):
-        raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
-    if not 0.0 <= args.label_smoothing < 1.0:
-        raise TrainError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise TrainError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.finetune and not os.path.isfile(args.finetune):
-        raise TrainError(f"--finetune {args.finetune}: no such file")

@@ -3,9 +3,10 @@
 A checkpoint is one ``torch.save`` of plain containers and tensors (so it
 loads with ``weights_only=True``): model, optimizer, GradScaler and scheduler
 state, the global step and epoch, the sampler's position, every RNG state
-(Python, NumPy, torch CPU and CUDA) and the class names. It is written to a
-temporary file in the same folder, flushed to disk and renamed, so a reader
-sees the old checkpoint or the new one, never a half-written file.
+(Python, NumPy, torch CPU and CUDA), the class names and the run's
+``TrainConfig`` as a dict (``config``; ``saved_config`` reads it back). It is
+written to a temporary file in the same folder, flushed to disk and renamed,
+so a reader sees the old checkpoint or the new one, never a half-written file.
 
 Files in OUT: ``checkpoint_step<N>.pt`` for the last ``--keep-last`` saves,
 ``checkpoint.pt`` (the newest of them) and ``checkpoint_best.pt`` (the one
@@ -27,6 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .config import TrainConfig, flag
 from .errors import TrainError
 
 LATEST = "checkpoint.pt"
@@ -230,11 +232,27 @@ def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
                          f"({CLASSES_HINT})")
 
 
-def check_settings(ckpt: dict[str, Any], args: Any, path: str) -> None:
-    """One-line error naming every shape-deciding option that differs from the checkpoint's."""
-    saved = ckpt.get("args") or {}
-    differ = [f"--{k.replace('_', '-')} {saved[k]} (this run: {getattr(args, k)})" for k in SHAPE_SETTINGS
-              if k in saved and saved[k] != getattr(args, k)]
+def saved_config(ckpt: dict[str, Any], path: str) -> TrainConfig:
+    """The ``TrainConfig`` a trainer checkpoint was saved with; one-line error when it holds none."""
+    raw = ckpt.get("config")
+    if raw is None:
+        if isinstance(ckpt.get("args"), dict):
+            raise TrainError(f"checkpoint {path} comes from an older python -m train (its settings are saved as "
+                             f"'args', without a 'config'): continue it with the trainer that wrote it, or start a "
+                             f"new run from its weights with --finetune {path}")
+        raise TrainError(f"checkpoint {path} holds no training config (not written by python -m train)")
+    try:
+        return TrainConfig.from_dict(raw)
+    except TrainError as exc:
+        raise TrainError(f"checkpoint {path}: {exc}") from exc
+
+
+def check_settings(ckpt: dict[str, Any], cfg: TrainConfig, path: str) -> TrainConfig:
+    """The checkpoint's config; one-line error naming every shape-deciding setting that differs from ``cfg``."""
+    saved = saved_config(ckpt, path)
+    differ = [f"{flag(k)} {getattr(saved, k)} (this run: {getattr(cfg, k)})" for k in SHAPE_SETTINGS
+              if getattr(saved, k) != getattr(cfg, k)]
     if differ:
         raise TrainError(f"checkpoint {path} was saved with " + ", ".join(differ)
                          + ": pass the checkpoint's values to resume, or another --out to start a new run")
+    return saved

@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import contextlib
 import os
+import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -27,8 +28,11 @@ from loaders.sampler import VideoEpochSampler
 from .dist import DistInfo
 from .errors import TrainError
 
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
 __all__ = ["ClipPreset", "DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data",
-           "check_dataset", "dataset_info", "to_model_input"]
+           "check_dataset", "dataset_info", "reading", "to_model_input", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -47,13 +51,15 @@ class DataShape:
 
     ``frame`` is (H, W) when every clip has that size, or None when frames keep
     their aspect ratio (``--short-side`` conversions); ``short_side`` is then the
-    short side every frame has.
+    short side every frame has. ``video_clips``: the stored clips of each video,
+    in the reader's order (what the training sampler deals out).
     """
 
     classes: list[str]
     clip_len: int
     frame: tuple[int, int] | None
     short_side: int | None
+    video_clips: tuple[int, ...] = ()
 
 
 def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
@@ -88,7 +94,25 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
     if crop_size > smallest:
         where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
         raise TrainError(f"{flag} {root}: --crop-size {crop_size} does not fit {where}")
-    return DataShape(list(store.classes), clip_len, frame, int(short) if short else None)
+    return DataShape(list(store.classes), clip_len, frame, int(short) if short else None,
+                     tuple(int(n) for n in store.video_clips))
+
+
+def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,
+                  seed: int) -> DistributedClipSampler:
+    """One rank's training order over videos of ``video_clips`` stored clips each.
+
+    ``epoch_mode`` clips: every stored clip once per epoch; videos:
+    ``clips_per_video`` of each video's clips, chosen anew each epoch. Shuffled
+    by (seed, epoch); the last partial share is dropped, so every rank has the
+    same ``len()``, the clips it trains on per epoch.
+    """
+    if epoch_mode == "videos":
+        index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
+        return VideoEpochSampler(index, clips_per_video=clips_per_video, num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=seed, drop_last=True)
+    return DistributedClipSampler(int(sum(video_clips)), num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
+                                  drop_last=True)
 
 
 class RankSplit(Sampler):
@@ -189,12 +213,12 @@ def multiview_items(video_clips: Sequence[int], clips_per_video: int, crops: int
     return items
 
 
-def make_preset(args, train: bool) -> Any:
-    kwargs: dict[str, Any] = {"train": train, "crop_size": args.crop_size, "clip_len": args.clip_len,
-                              "seed": args.seed}
+def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
+    """The crop of training (random, flipped unless --no-flip) or evaluation (centre, or 3 along the long side)."""
+    kwargs: dict[str, Any] = {"train": train, "crop_size": cfg.crop_size, "clip_len": cfg.clip_len, "seed": cfg.seed}
     if train:
-        kwargs["flip"] = not args.no_flip
-    elif args.eval_protocol != "clips":
+        kwargs["flip"] = not cfg.no_flip
+    elif cfg.eval_protocol != "clips":
         kwargs["spatial_crops"] = 3
     return ClipPreset(**kwargs)
 
@@ -231,6 +255,60 @@ def _reader_errors(flag: str, root: str):
         raise TrainError(f"{flag} {root}: {exc}") from exc
 
 
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")
+
+
+def _original_message(exc: BaseException) -> str:
+    """The one-line message of ``exc``; for an error a DataLoader worker raised (re-raised here with the
+    worker's whole traceback as its text), the original error's message, its last line."""
+    text = str(exc).strip()
+    if "Original Traceback" in text:
+        last = text.splitlines()[-1]
+        return re.sub(r"^[\w.]*(?:Error|Exception): ", "", last)
+    return " ".join(text.split())
+
+
+def _worker_death(exc: RuntimeError) -> tuple[str, str | None] | None:
+    """(pids, signal name such as SIGBUS or None) when ``exc`` says a DataLoader worker process died."""
+    pids, sig = None, None
+    seen: BaseException | None = exc
+    while seen is not None:  # torch raises "exited unexpectedly" from the "killed by signal" error
+        m = _WORKER_DIED.search(str(seen))
+        if m:
+            pids = pids or m.group(1).strip()
+            if m.group(2) and sig is None:
+                desc = m.group(2).strip()
+                sig = next((s.name for s in signal.Signals if signal.strsignal(s) == desc), desc)
+        seen = seen.__cause__ or seen.__context__
+    return None if pids is None else (pids, sig)
+
+
+@contextlib.contextmanager
+def reading(flag: str, root: str):
+    """Errors of the readers while batches are read, as one-line TrainErrors naming what to do.
+
+    A damaged clip (a CRC mismatch with ``--verify-data``, a label outside the
+    classes, an undecodable payload) names its shard and clip; a DataLoader
+    worker process killed by a signal (SIGBUS from a damaged LMDB page or a
+    full /dev/shm, SIGSEGV) is named with the signal instead of torch's
+    traceback, which blames shared memory alone.
+    """
+    verify = f"python -m convert verify {root} checks the shards for damage"
+    try:
+        yield
+    except DatasetError as exc:
+        raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
+    except RuntimeError as exc:
+        died = _worker_death(exc)
+        if died is None:
+            raise
+        pids, sig = died
+        how = f"was killed by {sig}" if sig else "exited unexpectedly"
+        raise TrainError(f"a loader worker process (pid {pids}) {how} while reading {flag} {root}: {verify}; "
+                         f"the other usual cause is a too-small /dev/shm (docker run --shm-size 8g; or use "
+                         f"--loader threads, which needs none)") from exc
+
+
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
     and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
@@ -239,21 +317,31 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def _readers(args) -> dict:
+def _readers(cfg: TrainConfig) -> dict:
     """``--loader threads``: ``--workers`` reader threads; ``processes``: DataLoader worker processes."""
-    if args.loader == "threads":
-        return {"threads": args.workers}
-    return {"workers": args.workers, "worker_init_fn": ignore_stop_signals}
+    if cfg.loader == "threads":
+        return {"threads": cfg.workers}
+    return {"workers": cfg.workers, "worker_init_fn": ignore_stop_signals}
 
 
-def build_train_data(args, info: DistInfo) -> TrainData:
+def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> LmdbClipDataset:
+    ds = LmdbClipDataset(root, train=train, preset=preset, seed=cfg.seed)
+    # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
+    # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
+    # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.
+    ds.verify_checksums = cfg.verify_data
+    return ds
+
+
+def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
-    root = check_dataset(args.data, "--data")
+    root = check_dataset(cfg.data, "--data")
     with _reader_errors("--data", root):
-        return _train_data(root, args, info)
+        return _train_data(root, cfg, info)
 
 
-def _train_data(root: str, args, info: DistInfo) -> TrainData:
+def _train_data(root: str, args: TrainConfig, info: DistInfo) -> TrainData:
+    # ``args`` is the run's TrainConfig (the name the DALI branch below has always used).
     preset = make_preset(args, train=True)
     if args.loader == "dali":
         if args.epoch_mode != "clips":
@@ -262,37 +350,28 @@ def _train_data(root: str, args, info: DistInfo) -> TrainData:
         # and offers the sampler's set_epoch / set_position / state_dict.
         loader = dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
                                  world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers)
+                                 workers=args.workers, verify=args.verify_data)
         return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
                          int(loader.steps_per_epoch))
-    ds = LmdbClipDataset(root, train=True, preset=preset, seed=args.seed)
-    if args.epoch_mode == "videos":
-        sampler = VideoEpochSampler(ds.video_index(), clips_per_video=args.clips_per_video,
-                                    num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=args.seed,
-                                    drop_last=True)
-    else:
-        sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                         seed=args.seed, drop_last=True)
-    steps = len(sampler) // args.batch_size
-    if steps < 1:
-        unit = "clips" if args.epoch_mode == "clips" else f"clips ({args.clips_per_video} per video)"
-        raise TrainError(f"--data {root}: an epoch of {sampler.epoch_size} {unit} gives this rank {len(sampler)}, "
-                         f"fewer than one batch of {args.batch_size}")
+    ds = _dataset(root, True, preset, args)
+    sampler = train_sampler(ds.store.video_clips, epoch_mode=args.epoch_mode, clips_per_video=args.clips_per_video,
+                            world_size=info.world_size, rank=info.rank, seed=args.seed)
     loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
                           pin_memory=info.device.type == "cuda", **_readers(args))
-    return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size, steps)
+    return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size,
+                     len(sampler) // args.batch_size)
 
 
-def build_eval_data(root: str, args, info: DistInfo) -> EvalData:
-    """Centre-cropped clips of ``root``, split over ranks without padding."""
-    check_dataset(root, "--val-data")
-    with _reader_errors("--val-data", root):
-        return _eval_data(root, args, info)
+def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:
+    """Clips of ``root`` cropped as ``cfg.eval_protocol`` says, split over ranks without padding."""
+    check_dataset(root, flag)
+    with _reader_errors(flag, root):
+        return _eval_data(root, cfg, info)
 
 
-def _eval_data(root: str, args, info: DistInfo) -> EvalData:
+def _eval_data(root: str, args: TrainConfig, info: DistInfo) -> EvalData:
     preset = make_preset(args, train=False)
-    batch = args.eval_batch_size or args.batch_size
+    batch = args.eval_batch_size
     protocol = describe_protocol(args.eval_protocol, args.eval_clips, args.crop_size)
     if args.loader == "dali" and args.eval_protocol != "clips":
         raise TrainError(f"--eval-protocol {args.eval_protocol} needs --loader lmdb (the DALI reader cuts one "
@@ -300,9 +379,9 @@ def _eval_data(root: str, args, info: DistInfo) -> EvalData:
     if args.loader == "dali":
         loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                  world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers)
+                                 workers=args.workers, verify=args.verify_data)
         return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
-    ds = LmdbClipDataset(root, train=False, preset=preset, seed=args.seed)
+    ds = _dataset(root, False, preset, args)
     # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
     # whose first element the 3-crop preset reads as the crop.
     items = len(ds) if args.eval_protocol == "clips" else multiview_items(ds.store.video_clips, args.eval_clips)

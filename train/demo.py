@@ -85,7 +85,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m train demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="demo_out", help="folder of the conversion demo (default demo_out, as there)")
-    p.add_argument("--workers", type=int, default=1, help="loader processes (default 1: two cores in all)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="reader threads of the trainer's default --loader threads (worker processes with "
+                        "--loader processes); default 1: the demo is tuned for two cores")
     p.add_argument("--threads", type=int, default=None, help="math threads (default: PyTorch's choice)")
     args, extra = p.parse_known_args(argv)
     try:

@@ -8,7 +8,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from .data import EvalData, TrainData, to_model_input
 from .errors import TrainError
 from .gpustats import GpuStats, format_gpu
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 
 @dataclass
@@ -89,6 +92,16 @@ class StepConfig:
     stop: StopRequest | None = None
     gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
     profiler: Any = None  # profiling.StepProfiler: told of each step
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, *, main: bool = True, progress: bool = False,
+                    stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None) -> StepConfig:
+        """The step settings of a run's ``TrainConfig`` (resolved in this process), with this process's helpers."""
+        return cls(device=torch.device(cfg.device), amp_dtype=cfg.amp_dtype, accum_steps=cfg.accum_steps,
+                   channels_last=cfg.channels_last, downsample=cfg.downsample,
+                   colour_perm_seed=cfg.seed if cfg.colour_permutation else None, clip_grad_norm=cfg.clip_grad_norm,
+                   max_steps=cfg.max_steps, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=progress,
+                   main=main, stop=stop, gpu=gpu, profiler=profiler)
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,

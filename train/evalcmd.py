@@ -1,8 +1,10 @@
 """``python -m train eval --checkpoint CKPT --data OUT``: evaluate a trained C3D, print and save the report.
 
-The model is rebuilt from the settings the checkpoint stores (width, BatchNorm,
-crop, downsampling, clip length); ``--eval-protocol`` chooses the protocol as
-in training. The report goes to ``OUT/eval/<name>.json`` with its confusion
+The model is rebuilt from the ``TrainConfig`` the checkpoint stores (width,
+BatchNorm, crop, downsampling, clip length); ``--eval-protocol`` chooses the
+protocol as in training, and the clips are read and cropped as the trainer's
+evaluation reads them (the checkpoint's config with this command's protocol,
+loader, batch and device). The report goes to ``OUT/eval/<name>.json`` with its confusion
 matrix beside it (``--out``, default the checkpoint's folder). ``--export
 FILE.npz`` also writes, per video (sorted by id): ``video_ids``, ``labels``,
 ``probs`` (mean softmax over its views), ``fc6`` and ``fc7`` (C3D's features,
@@ -13,6 +15,7 @@ Runs under torchrun too (views split over ranks, rank 0 writes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,13 +26,11 @@ import torch
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .data import PROTOCOLS, build_eval_data, dataset_info
+from .config import AMP_DTYPES, TrainConfig, default_workers
+from .data import PROTOCOLS, build_eval_data, dataset_info, reading
 from .engine import evaluate
 from .errors import TrainError
 from .model import C3D, strip_prefixes
-
-AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train eval", description=__doc__,
@@ -44,58 +45,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", metavar="FILE", default=None,
                    help="also write per-video scores and mean fc6/fc7 features to this .npz")
     p.add_argument("--batch-size", type=int, default=16, help="views per batch (default 16)")
-    p.add_argument("--workers", type=int, default=None, help="loader processes (default: as the trainer)")
+    p.add_argument("--loader", default="threads", choices=("threads", "processes"),
+                   help="reader threads in this process (default) or DataLoader worker processes")
+    p.add_argument("--workers", type=int, default=None,
+                   help="reader threads or worker processes (default: as the trainer's, from this machine's cores)")
+    p.add_argument("--verify-data", action="store_true", help="check every clip's CRC-32 as it is read")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--amp", default=None, choices=tuple(AMP), help="default bf16 on CUDA, off on the CPU")
+    p.add_argument("--amp", default=None, choices=tuple(AMP_DTYPES), help="default bf16 on CUDA, off on the CPU")
     p.add_argument("--threads", type=int, default=None, help="CPU math threads (default: PyTorch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def load_model(saved: dict[str, Any], path: str, classes: list[str], clip_len: int) -> tuple[C3D, dict]:
-    """The C3D a trainer checkpoint describes, with its weights; and the training settings it holds."""
-    targs = saved.get("args")
-    if not isinstance(targs, dict) or "model_width" not in targs:
-        raise TrainError(f"checkpoint {path} holds no training settings (not written by python -m train)")
-    model = C3D(len(classes), width=float(targs["model_width"]), bn=bool(targs["bn"]), clip_len=clip_len,
-                crop_size=int(targs["crop_size"]) // int(targs.get("downsample", 1)))
+def load_model(saved: dict[str, Any], path: str, classes: list[str]) -> tuple[C3D, TrainConfig]:
+    """The C3D a trainer checkpoint's config describes, with its weights; and that config."""
+    cfg = ckpt_io.saved_config(saved, path)
+    model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop)
     try:
         model.load_state_dict(strip_prefixes(ckpt_io.model_state(saved)))
     except RuntimeError as exc:
         raise TrainError(f"checkpoint {path}: weights do not fit the model its settings describe "
                          f"({str(exc).splitlines()[0]})") from exc
-    return model, targs
+    return model, cfg
+
+
+def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistInfo) -> TrainConfig:
+    """The checkpoint's config with this evaluation's reading, protocol, batch and device settings."""
+    cuda = info.device.type == "cuda"
+    return dataclasses.replace(
+        trained, eval_protocol=opts.eval_protocol, eval_clips=opts.eval_clips, eval_batch_size=opts.batch_size,
+        loader=opts.loader, workers=default_workers(opts.loader) if opts.workers is None else opts.workers,
+        verify_data=opts.verify_data, device=str(info.device), amp=opts.amp or ("bf16" if cuda else "off"),
+        channels_last=trained.channels_last and cuda)
 
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
-    from .args import default_workers
     from .main import eval_line, save_eval
 
     info = dist.init_distributed(opts.device)
     if opts.eval_clips < 1 or opts.batch_size < 1:
         raise TrainError("--eval-clips and --batch-size must be at least 1")
     saved = ckpt_io.load(opts.checkpoint)
-    targs = saved.get("args") or {}
-    crop = int(targs.get("crop_size", 112))
-    shape = dataset_info(opts.data, crop)
+    trained = ckpt_io.saved_config(saved, opts.checkpoint)
+    shape = dataset_info(opts.data, trained.crop_size)
     ckpt_io.check_classes(saved, shape.classes, opts.checkpoint)
-    clip_len = targs.get("clip_len") or shape.clip_len
-    model, targs = load_model(saved, opts.checkpoint, shape.classes, clip_len)
+    if shape.clip_len < trained.clip_len:
+        raise TrainError(f"--data {opts.data}: clips of {shape.clip_len} frames, the model takes {trained.clip_len}")
+    model, _ = load_model(saved, opts.checkpoint, shape.classes)
+    cfg = eval_config(trained, opts, info)
     model.to(info.device).eval()
-    channels_last = bool(targs.get("channels_last")) and info.device.type == "cuda"
-    if channels_last:
+    if cfg.channels_last:
         model.to(memory_format=torch.channels_last_3d)
-    amp = opts.amp or ("bf16" if info.device.type == "cuda" else "off")
-    ns = argparse.Namespace(crop_size=crop, clip_len=targs.get("clip_len"), seed=int(targs.get("seed", 0)),
-                            eval_protocol=opts.eval_protocol, eval_clips=opts.eval_clips, loader="lmdb",
-                            eval_batch_size=opts.batch_size, batch_size=opts.batch_size,
-                            workers=default_workers(info.world_size) if opts.workers is None else opts.workers)
-    data = build_eval_data(opts.data, ns, info)
-    result = evaluate(model, data, info.device, AMP[amp], channels_last=channels_last,
-                      downsample=int(targs.get("downsample", 1)),
-                      progress=info.is_main and not opts.no_progress and sys.stderr.isatty(),
-                      features=opts.export is not None)
+    data = build_eval_data(opts.data, cfg, info, "--data")
+    with reading("--data", opts.data):
+        result = evaluate(model, data, info.device, cfg.amp_dtype, channels_last=cfg.channels_last,
+                          downsample=cfg.downsample,
+                          progress=info.is_main and not opts.no_progress and sys.stderr.isatty(),
+                          features=opts.export is not None)
     result["checkpoint"], result["step"] = os.path.abspath(opts.checkpoint), int(saved.get("step", 0))
     if info.is_main:
         out = opts.out or os.path.dirname(os.path.abspath(opts.checkpoint))

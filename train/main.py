@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -19,9 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .args import build_parser, check_args, default_workers
+from .args import build_parser
 from .autobatch import agree_on_batch, find_batch_size
-from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info
+from .config import TrainConfig, resolve_config
+from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info, reading
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -29,9 +31,8 @@ from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
-from .schedule import build_optimizer, build_scheduler, plan_lr
+from .schedule import optimizer_for, scheduler_for
 
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -59,60 +60,58 @@ def eval_line(result: dict[str, Any]) -> str:
             f"{result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)")
 
 
-def build_model(args, classes: list[str], clip_len: int, info: dist.DistInfo) -> C3D:
+def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo) -> C3D:
     """C3D for these classes, maybe with fine-tuning weights, on this rank's device."""
     # Same seed on every rank for the weights (DDP copies rank 0's anyway).
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    model = C3D(len(classes), width=args.model_width, bn=args.bn, clip_len=clip_len,
-                crop_size=args.crop_size // args.downsample, dropout=args.dropout)
-    if args.finetune and not (args.resume and os.path.exists(ckpt_io.latest_path(args.out))):
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop,
+                dropout=cfg.dropout)
+    if cfg.finetune and not (cfg.resume and os.path.exists(ckpt_io.latest_path(cfg.out))):
         try:
-            left = load_for_finetuning(model, ckpt_io.model_state(ckpt_io.load(args.finetune)))
+            left = load_for_finetuning(model, ckpt_io.model_state(ckpt_io.load(cfg.finetune)))
         except ValueError as exc:
-            raise TrainError(f"--finetune {args.finetune}: {exc}") from exc
-        _say(info, f"fine-tuning from {args.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
+            raise TrainError(f"--finetune {cfg.finetune}: {exc}") from exc
+        _say(info, f"fine-tuning from {cfg.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
     model.to(info.device)
-    if args.channels_last:
+    if cfg.channels_last:
         model.to(memory_format=torch.channels_last_3d)
     # Per-rank streams from here on, so ranks draw different dropout masks.
-    torch.manual_seed(args.seed + 1000 * info.rank)
-    random.seed(args.seed + 1000 * info.rank)
-    np.random.seed(args.seed + 1000 * info.rank)
+    torch.manual_seed(cfg.seed + 1000 * info.rank)
+    random.seed(cfg.seed + 1000 * info.rank)
+    np.random.seed(cfg.seed + 1000 * info.rank)
     return model
 
 
-def auto_batch(args, model: nn.Module, clip_len: int, num_classes: int, info: dist.DistInfo) -> dict:
-    """Replace ``--batch-size auto`` by the largest batch every rank can hold.
+def auto_batch(cfg: TrainConfig, model: nn.Module, num_classes: int, info: dist.DistInfo) -> tuple[int, dict]:
+    """(the largest batch every rank can hold, the probe's details) for ``--batch-size auto``.
 
     Each rank probes its own GPU alone (the model is not yet SyncBatchNorm- or
     DDP-wrapped, so no trial step waits on another rank), then one all-reduce
     takes the minimum; a rank whose probe failed sends 0 and all ranks stop.
     """
-    crop = args.crop_size // args.downsample
     try:
-        local, details = find_batch_size(model, shape=(clip_len, crop, crop), num_classes=num_classes,
-                                         device=info.device, amp_dtype=AMP_DTYPES[args.amp],
-                                         channels_last=args.channels_last, headroom=args.auto_headroom,
-                                         accum_steps=args.accum_steps)
+        local, details = find_batch_size(model, shape=(cfg.clip_len, cfg.model_crop, cfg.model_crop),
+                                         num_classes=num_classes, device=info.device, amp_dtype=cfg.amp_dtype,
+                                         channels_last=cfg.channels_last, headroom=cfg.auto_headroom,
+                                         accum_steps=cfg.accum_steps)
     except TrainError as exc:
         local, details = exc, {}
-    args.batch_size = agree_on_batch(local, lambda v: dist.all_reduce([v], info.device, op="min")[0])
-    _say(info, f"--batch-size auto: {args.batch_size} clips per process (micro-batch "
-               f"{args.batch_size // args.accum_steps}, peak <= {args.auto_headroom:.0%} of "
-               f"{details['total_bytes'] / 2**30:.0f} GiB, amp {args.amp})")
-    return details
+    batch = agree_on_batch(local, lambda v: dist.all_reduce([v], info.device, op="min")[0])
+    _say(info, f"--batch-size auto: {batch} clips per process (micro-batch {batch // cfg.accum_steps}, peak <= "
+               f"{cfg.auto_headroom:.0%} of {details['total_bytes'] / 2**30:.0f} GiB, amp {cfg.amp})")
+    return batch, details
 
 
-def resume(path: str, saved: dict[str, Any], args, parts: dict[str, Any], data, classes: list[str],
+def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, classes: list[str],
            info: dist.DistInfo) -> tuple[TrainState, dict | None]:
     """Load checkpoint ``saved`` (read from ``path``) into model/optimizer/scaler/scheduler and the sampler.
 
     Returns the progress and this rank's RNG state (None when the world size or batch changed).
     """
     ckpt_io.check_classes(saved, classes, path)
-    ckpt_io.check_settings(saved, args, path)
+    before = ckpt_io.check_settings(saved, cfg, path)
     for name, obj in parts.items():
         try:
             obj.load_state_dict(saved[name])
@@ -123,13 +122,13 @@ def resume(path: str, saved: dict[str, Any], args, parts: dict[str, Any], data, 
                        nonfinite=int(saved.get("nonfinite", 0)))
     data.load_state_dict(saved["sampler"])
     rng = None
-    if saved["world_size"] == info.world_size and saved["batch_size"] == args.batch_size:
+    if before.world_size == cfg.world_size and before.batch_size == cfg.batch_size:
         rng = saved["rng"][info.rank]
     else:
         _say(info, "note: world size or batch changed since the checkpoint; the data order continues, "
                    "RNG streams restart")
-        consumed = saved["epoch_step"] * saved["batch_size"] * saved["world_size"]
-        state.epoch_step = consumed // (args.batch_size * info.world_size)
+        consumed = saved["epoch_step"] * before.batch_size * before.world_size
+        state.epoch_step = consumed // cfg.global_batch
     _say(info, f"resumed from {path} at step {state.step} (epoch {state.epoch}, {state.epoch_step} steps into it)")
     return state, rng
 
@@ -152,113 +151,96 @@ def stop_signals(stop: StopRequest):
             signal.signal(s, handler)
 
 
-def wrap(model: nn.Module, args, info: dist.DistInfo) -> tuple[nn.Module, DistributedDataParallel | None]:
+def wrap(model: nn.Module, cfg: TrainConfig, info: dist.DistInfo) -> tuple[nn.Module, DistributedDataParallel | None]:
     """(module to call, DDP wrapper or None): DDP across ranks, then torch.compile if asked."""
     ddp = None
     if info.distributed:
         ddp = DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda" else None,
-                                      bucket_cap_mb=args.ddp_bucket_mb,
-                                      gradient_as_bucket_view=args.grad_as_bucket_view)
+                                      bucket_cap_mb=cfg.ddp_bucket_mb,
+                                      gradient_as_bucket_view=cfg.grad_as_bucket_view)
         model = ddp
-    if args.compile:
+    if cfg.compile:
         model = torch.compile(model)
     return model, ddp
 
 
-def run(args) -> dict[str, Any]:
-    """Train as the options say; returns a summary (final evaluation, speed, where files went)."""
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train as the parsed options say; returns a summary (final evaluation, speed, where files went).
+
+    The options are resolved once into a frozen ``TrainConfig`` (``train.config``);
+    everything below reads that, and the checkpoint stores it.
+    """
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
-    check_args(args, device)
-    root = check_dataset(args.data, "--data")
-    if args.val_data:
-        check_dataset(args.val_data, "--val-data")
-    if args.loader == "dali":
-        dali_builder()  # not installed: say so before anything else
-    if args.workers is None:
-        args.workers = default_workers(info.world_size, args.loader)
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = not args.deterministic
-    held = ckpt_io.describe_run(args.out)
-    if held and not args.resume and not args.overwrite:
-        raise TrainError(f"--out {args.out} holds a run ({held}): pass --resume to continue it, --overwrite to "
-                         f"start it again (its checkpoints and metrics are replaced), or another --out")
-    os.makedirs(args.out, exist_ok=True)
-    if info.is_main:
-        ckpt_io.remove_stale_temps(args.out)  # from a save that a kill interrupted
-        if held and args.overwrite and not args.resume:
-            ckpt_io.remove_run(args.out)
-    dist.barrier()
-    amp_dtype = AMP_DTYPES[args.amp]
-    shape = dataset_info(root, args.crop_size)
+    shape = dataset_info(check_dataset(args.data, "--data"), args.crop_size)
     classes = shape.classes
-    if args.clip_len is not None and args.clip_len > shape.clip_len:
-        raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
-                         f"frames)")
-    clip_len = args.clip_len or shape.clip_len
-    if args.val_data:
-        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data")
-        if val_shape.clip_len < clip_len:
-            raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
-                             f"{clip_len}")
+    cfg = resolve_config(args, info, shape)
+    if cfg.loader == "dali":
+        dali_builder()  # not installed: say so before anything else
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = not cfg.deterministic
+    held = ckpt_io.describe_run(cfg.out)
+    if held and not cfg.resume and not cfg.overwrite:
+        raise TrainError(f"--out {cfg.out} holds a run ({held}): pass --resume to continue it, --overwrite to "
+                         f"start it again (its checkpoints and metrics are replaced), or another --out")
+    os.makedirs(cfg.out, exist_ok=True)
+    if info.is_main:
+        ckpt_io.remove_stale_temps(cfg.out)  # from a save that a kill interrupted
+        if held and cfg.overwrite and not cfg.resume:
+            ckpt_io.remove_run(cfg.out)
+    dist.barrier()
 
-    model = build_model(args, classes, clip_len, info)
-    auto = auto_batch(args, model, clip_len, len(classes), info) if args.batch_size == "auto" else None
-    if args.sync_bn and info.distributed and args.bn:
+    model = build_model(cfg, classes, info)
+    auto = None
+    if cfg.auto_batch:
+        batch, auto = auto_batch(cfg, model, len(classes), info)
+        cfg = cfg.with_batch(batch)  # the one late step: the probe needed the model
+    if cfg.sync_bn and info.distributed and cfg.bn:
         # After the auto-batch probe, which must not run collectives: SyncBatchNorm's forward is one.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    data = build_train_data(args, info)
+    data = build_train_data(cfg, info)
     if data.classes != classes:
         raise TrainError("the training loader's classes differ from the manifest's")
-    val = build_eval_data(args.val_data, args, info) if args.val_data else None
+    if data.steps_per_epoch != cfg.steps_per_epoch:
+        raise TrainError(f"the training loader gives {data.steps_per_epoch} steps per epoch where the config "
+                         f"expects {cfg.steps_per_epoch} (a bug in the trainer: please report it)")
+    val = build_eval_data(cfg.val_data, cfg, info) if cfg.val_data else None
     if val is not None and val.classes != classes:
         raise TrainError(f"--val-data has classes {val.classes[:5]}{'...' if len(val.classes) > 5 else ''} "
                          f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
                          f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
-    global_batch = args.batch_size * info.world_size
-    plan = plan_lr(base_lr=args.lr, global_batch=global_batch, ref_batch=args.lr_ref_batch, scaling=args.lr_scaling,
-                   max_lr=args.max_lr, warmup_steps=args.warmup_steps, warmup_epochs=args.warmup_epochs,
-                   steps_per_epoch=data.steps_per_epoch, epochs=args.epochs, schedule=args.schedule,
-                   step_epochs=args.lr_step_epochs)
-    lr = plan.lr
-    optimizer = build_optimizer(model, args.optimizer, lr, args.momentum, args.weight_decay)
-    scheduler = build_scheduler(optimizer, schedule=args.schedule, steps_per_epoch=data.steps_per_epoch,
-                                epochs=args.epochs, warmup_steps=plan.warmup_steps, step_epochs=args.lr_step_epochs,
-                                gamma=args.lr_gamma, warmup_from=plan.warmup_from)
+    optimizer = optimizer_for(model, cfg)
+    scheduler = scheduler_for(optimizer, cfg)
     # One code path: a disabled scaler passes scale/step/update straight through.
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16", init_scale=args.init_scale,
-                                  growth_interval=args.growth_interval)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
+                                  growth_interval=cfg.growth_interval)
     parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
-    latest = ckpt_io.latest_path(args.out)
+    latest = ckpt_io.latest_path(cfg.out)
     state, rng = TrainState(), None
-    tracker = BestTracker(args.early_stop)
-    found = ckpt_io.newest_complete(args.out, lambda text: _say(info, text)) if args.resume else None
+    tracker = BestTracker(cfg.early_stop)
+    found = ckpt_io.newest_complete(cfg.out, lambda text: _say(info, text)) if cfg.resume else None
     if found is not None:
-        state, rng = resume(*found, args, parts, data, classes, info)
+        state, rng = resume(*found, cfg, parts, data, classes, info)
         tracker.load_state_dict(found[1].get("best"))
-        if state.epoch >= args.epochs or (args.max_steps and state.step >= args.max_steps):
-            limit = (f"--max-steps {args.max_steps}" if args.max_steps and state.step >= args.max_steps
-                     else f"--epochs {args.epochs}")
-            _say(info, f"note: the run in {args.out} already reached {limit} (step {state.step}, epoch "
+        if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
+            limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
+                     else f"--epochs {cfg.epochs}")
+            _say(info, f"note: the run in {cfg.out} already reached {limit} (step {state.step}, epoch "
                        f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
-    elif args.resume:
-        _say(info, f"--resume: no checkpoint in {args.out} yet, starting fresh")
+    elif cfg.resume:
+        _say(info, f"--resume: no checkpoint in {cfg.out} yet, starting fresh")
     resumed = found is not None
     model_without_ddp = model
-    model, ddp = wrap(model, args, info)
+    model, ddp = wrap(model, cfg, info)
 
-    log = MetricsLog(args.out, info.is_main, tensorboard=not args.no_tensorboard)
+    log = MetricsLog(cfg.out, info.is_main, tensorboard=not cfg.no_tensorboard)
     log.start(state.step if resumed else None)
-    profiler = StepProfiler(args.out, args.profile, info.rank, device) if args.profile else None
-    cfg = StepConfig(device=device, amp_dtype=amp_dtype, accum_steps=args.accum_steps, profiler=profiler,
-                     channels_last=args.channels_last, downsample=args.downsample,
-                     colour_perm_seed=args.seed if args.colour_permutation else None,
-                     clip_grad_norm=args.clip_grad_norm, max_steps=args.max_steps,
-                     ckpt_every=args.ckpt_every, log_every=args.log_every,
-                     progress=info.is_main and not args.no_progress and sys.stderr.isatty(), main=info.is_main,
-                     stop=StopRequest(), gpu=GpuStats(device) if info.is_main else None)
+    profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
+    step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=StopRequest(), profiler=profiler,
+                                      progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
+                                      gpu=GpuStats(device) if info.is_main else None)
 
     def save(st: TrainState) -> None:
         # Every rank's RNG goes in, so each rank resumes its own dropout stream.
@@ -267,40 +249,40 @@ def run(args) -> dict[str, Any]:
             ckpt_io.save_checkpoint({
                 **{name: obj.state_dict() for name, obj in parts.items()},
                 "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
-                "sampler": data.state_dict(consumed=st.epoch_step * args.batch_size), "best": tracker.state_dict(),
-                "rng": rngs, "world_size": info.world_size, "batch_size": args.batch_size, "classes": classes,
-                "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, type(None)))},
-            }, args.out, st.step, args.keep_last)
+                "sampler": data.state_dict(consumed=st.epoch_step * cfg.batch_size), "best": tracker.state_dict(),
+                "rng": rngs, "classes": classes, "config": cfg.to_dict(),
+            }, cfg.out, st.step, cfg.keep_last)
 
-    _say(info, f"C3D width {args.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
-               f"{device.type} | batch {args.batch_size}/process (accum {args.accum_steps}), global {global_batch} | "
-               f"lr {lr:.3g} ({args.schedule}) | amp {args.amp} | {data.steps_per_epoch} steps/epoch | "
-               f"loader {args.loader}")
-    _say(info, plan.why)
+    _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
+               f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
+               f"{cfg.global_batch} | lr {cfg.lr_plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
+               f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
+    _say(info, cfg.lr_plan.why)
     if rng is not None:
         ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
-    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     t_start = time.perf_counter()
     last_eval = None
     stopped = None
-    with stop_signals(cfg.stop):
-        while state.epoch < args.epochs and not (args.max_steps and state.step >= args.max_steps):
+    with stop_signals(step_cfg.stop):
+        while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
             data.set_epoch(state.epoch)
-            data.set_position(state.epoch_step * args.batch_size)
-            stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state, cfg, log,
-                                      save, world_size=info.world_size)
+            data.set_position(state.epoch_step * cfg.batch_size)
+            with reading("--data", cfg.data):
+                stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state,
+                                          step_cfg, log, save, world_size=info.world_size)
             if stopped:
                 break  # --max-steps or a signal; train_one_epoch saved the checkpoint
             state.epoch += 1
             state.epoch_step = 0
             improved = False
-            if val is not None and args.eval_every and state.epoch % args.eval_every == 0:
-                last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info,
+            if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
+                last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info,
                                           f"epoch{state.epoch:03d}")
                 improved = tracker.update(last_eval[1]["video_top1"], state.step)
             save(state)
             if improved and info.is_main:
-                ckpt_io.link_atomic(ckpt_io.step_path(args.out, state.step), ckpt_io.best_path(args.out))
+                ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
             if tracker.exhausted:
                 stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
                            f"{tracker.best_step}) in {tracker.since} evaluations")
@@ -310,20 +292,21 @@ def run(args) -> dict[str, Any]:
     if profiler is not None:
         _say(info, profiler.close())
 
-    summary: dict[str, Any] = {"out": args.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
+    summary: dict[str, Any] = {"out": cfg.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
                                "step": state.step,
-                               "epoch": state.epoch, "train_seconds": train_s, "batch_size": args.batch_size,
+                               "epoch": state.epoch, "train_seconds": train_s, "batch_size": cfg.batch_size,
                                "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
-                               "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(args.out)}}
+                               "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
+                               "config": cfg.to_dict()}
     interrupted = bool(stopped and stopped.startswith("signal"))
     if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-        last_eval = _eval_and_log(model_without_ddp, val, state, args, cfg, log, info, "final")
+        last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info, "final")
     if last_eval is not None:
         summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
     if info.is_main:
         summary.update(_speed(read_metrics(log.path)))
-        summary["curves"] = save_figures(args.out, read_metrics(log.path))
-        with open(os.path.join(args.out, "summary.json"), "w") as f:
+        summary["curves"] = save_figures(cfg.out, read_metrics(log.path))
+        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
             json.dump({k: v for k, v in summary.items() if k != "eval"}, f, indent=1, default=str)
     log.close()
     dist.barrier()
@@ -379,13 +362,14 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _eval_and_log(model: nn.Module, val, state: TrainState, args, cfg: StepConfig, log: MetricsLog,
-                  info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
-    result = evaluate(model, val, cfg.device, cfg.amp_dtype, channels_last=cfg.channels_last,
-                      downsample=cfg.downsample, progress=cfg.progress)
+def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, step_cfg: StepConfig,
+                  log: MetricsLog, info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
+    with reading("--val-data", cfg.val_data):
+        result = evaluate(model, val, step_cfg.device, step_cfg.amp_dtype, channels_last=step_cfg.channels_last,
+                          downsample=step_cfg.downsample, progress=step_cfg.progress)
     files: dict[str, str] = {}
     if info.is_main:
-        files = save_eval(args.out, name, result)
+        files = save_eval(cfg.out, name, result)
         log.log({"kind": "eval", "step": state.step, "epoch": state.epoch,
                  **{k: v for k, v in result.items() if isinstance(v, (int, float)) and v is not None},
                  "file": files["json"]})

@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .errors import TrainError
 
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
 SCALINGS = ("linear", "sqrt", "none")
+SCHEDULES = ("step", "cosine", "constant")
 # The default warm-up, in epochs: Goyal et al.'s 5, but at most a quarter of the
 # run, and over before the step schedule's first decay (at most half its
 # period), so the peak lr is trained at for a while. The paper's 16 epochs with
@@ -130,7 +134,7 @@ def lr_factor(step: int, *, schedule: str, steps_per_epoch: int, total_steps: in
         return warm * 0.5 * (1.0 + math.cos(math.pi * progress))
     if schedule == "constant":
         return warm
-    raise TrainError(f"--schedule {schedule}: expected step, cosine or constant")
+    raise TrainError(f"--schedule {schedule}: expected one of {', '.join(SCHEDULES)}")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, *, schedule: str, steps_per_epoch: int, epochs: int,
@@ -144,3 +148,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, schedule: str, steps_pe
                          warmup_steps=warmup_steps, step_epochs=step_epochs, gamma=gamma, warmup_from=warmup_from)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_for(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """``build_optimizer`` with the config's optimizer at its planned peak lr."""
+    if cfg.lr_plan is None:
+        raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
+    return build_optimizer(model, cfg.optimizer, cfg.lr_plan.lr, cfg.momentum, cfg.weight_decay)
+
+
+def scheduler_for(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """``build_scheduler`` with the config's schedule, steps per epoch and planned warm-up."""
+    if cfg.lr_plan is None or cfg.steps_per_epoch is None:
+        raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
+    return build_scheduler(optimizer, schedule=cfg.schedule, steps_per_epoch=cfg.steps_per_epoch, epochs=cfg.epochs,
+                           warmup_steps=cfg.lr_plan.warmup_steps, step_epochs=cfg.lr_step_epochs, gamma=cfg.lr_gamma,
+                           warmup_from=cfg.lr_plan.warmup_from)
