@@ -236,6 +236,8 @@ class _FakeGpu:
 class _Fails(torch.nn.Module):
     """A model whose forward raises ``error`` for batches above ``limit`` clips."""
 
+    benchmark_seen: list[bool] = []
+
     def __init__(self, gpu: _FakeGpu, limit: int, error: Exception) -> None:
         super().__init__()
         self.fc = torch.nn.Linear(3, 4)
@@ -245,6 +247,7 @@ class _Fails(torch.nn.Module):
     def forward(self, x):
         n = x.shape[0]
         self.batches.append(n)
+        _Fails.benchmark_seen.append(torch.backends.cudnn.benchmark)  # a class list: the probe runs a copy
         if n > self.limit:
             raise self.error
         self.gpu.last = self.gpu.base + self.gpu.per_clip * n
@@ -269,8 +272,15 @@ def test_auto_batch_treats_too_large_errors_as_does_not_fit(error):
     gpu = _FakeGpu(total=10_000, base=1000, per_clip=10)
     model = _Fails(gpu, limit=37, error=error)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    batch, details = find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"),
-                                     amp_dtype=None, channels_last=False, headroom=0.9, accum_steps=2, memory=gpu)
+    torch.backends.cudnn.benchmark = True  # as the trainer sets it
+    try:
+        batch, details = find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"),
+                                         amp_dtype=None, channels_last=False, headroom=0.9, accum_steps=2, memory=gpu)
+        assert torch.backends.cudnn.benchmark is True  # restored after the search
+        # every probe ran with cuDNN's autotuner off (on, each new batch size re-tunes every convolution)
+        assert _Fails.benchmark_seen and not any(_Fails.benchmark_seen)
+    finally:
+        torch.backends.cudnn.benchmark = False
     assert details["micro_batch"] == 37 and batch == 74  # the largest that ran, times the accumulation steps
     assert details["probes"][2] == 1020 and details["probes"][4] == 1040 and details["probes"][37] == 1370
     assert all(details["probes"][b] is None for b in details["probes"] if b > 37)
