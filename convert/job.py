@@ -26,6 +26,7 @@ from .format import (FORMAT_NAME, FORMAT_VERSION, LOCK, MANIFEST, PLAN, PROGRESS
 from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
                    write_json_atomic)
 from .sources import Source, SourceError, load_source
+from .system import cpu_count
 from .supervise import ShardOptions, run_shard
 
 
@@ -98,13 +99,6 @@ def hold_out(out: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
             split: str | None = None, classes_file: str | None = None, source: Source | None = None) -> Plan:
     """Check arguments, read the source (unless given) and write (or reuse) the plan."""
@@ -118,7 +112,7 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     if source is None:
         source = load_source(src, videos=videos, split=split, classes_file=classes_file)
     source_info["kind"] = source.kind
-    workers = opts.workers or _cpu_count()
+    workers = opts.workers or cpu_count()
     n_shards = opts.shards or default_shards(len(source.items), workers)
     plan = make_plan(source, config, n_shards, source_info)
     os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
@@ -169,7 +163,7 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
 
     ``retry`` maps a shard to the videos it converts again despite their records.
     """
-    workers = opts.workers or _cpu_count()
+    workers = opts.workers or cpu_count()
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
     retry = retry or {}
     tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
@@ -300,7 +294,7 @@ def _new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new:
         return set()
     first = len(plan.shards)
     try:
-        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or _cpu_count()))
+        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or cpu_count()))
     except PlanError as exc:
         raise PlanError(f"{out}: {exc}") from None
     write_json_atomic(os.path.join(out, PLAN), plan.to_dict())

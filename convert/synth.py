@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import os
 from fractions import Fraction
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import av
 import numpy as np
+
+if TYPE_CHECKING:
+    from .plan import ConvertConfig
 
 CLASSES = ("move_down", "move_left", "move_right", "move_up", "spin")
 SIZES = ((240, 320), (256, 340), (180, 320), (288, 352))
@@ -69,22 +73,66 @@ def write_mp4(path: str, frames: np.ndarray, rate: Fraction) -> None:
             out.mux(packet)
 
 
+def _render_to(path: str, cls: str, seed: int, n: int, height: int, width: int, rate: Fraction) -> None:
+    tmp = path + ".part.mp4"
+    write_mp4(tmp, render(cls, np.random.default_rng(seed), n, height, width), rate)
+    os.replace(tmp, path)
+
+
 def make_dataset(root: str, *, per_class: int = 8, seconds: float = 2.0, seed: int = 0,
-                 classes: tuple[str, ...] = CLASSES) -> list[str]:
-    """Write ``root/<class>/<class>_<k>.mp4``; returns the paths. Skips files already there."""
+                 classes: tuple[str, ...] = CLASSES, workers: int = 1) -> list[str]:
+    """Write ``root/<class>/<class>_<k>.mp4``; returns the paths. Skips files already there.
+
+    Every video's size, rate, length and content are drawn from ``seed`` in
+    one sequence, so ``workers`` (videos rendered in parallel through joblib)
+    changes nothing but the time it takes.
+    """
     rng = np.random.default_rng(seed)
-    paths = []
+    paths, todo = [], []
     for cls in classes:
         os.makedirs(os.path.join(root, cls), exist_ok=True)
         for k in range(per_class):
             h, w = SIZES[int(rng.integers(len(SIZES)))]
             rate = RATES[int(rng.integers(len(RATES)))]
             n = max(1, round(seconds * float(rate) * rng.uniform(0.8, 1.25)))
-            sub = np.random.default_rng(rng.integers(1 << 62))
+            sub = int(rng.integers(1 << 62))
             path = os.path.join(root, cls, f"{cls}_{k:03d}.mp4")
             if not os.path.exists(path):
-                tmp = path + ".part.mp4"
-                write_mp4(tmp, render(cls, sub, n, h, w), rate)
-                os.replace(tmp, path)
+                todo.append((path, cls, sub, n, h, w, rate))
             paths.append(path)
+    if workers > 1 and len(todo) > 1:
+        from joblib import Parallel, delayed
+
+        Parallel(n_jobs=min(workers, len(todo)))(delayed(_render_to)(*job) for job in todo)
+    else:
+        for job in todo:
+            _render_to(*job)
     return paths
+
+
+def synthetic_conversions(root: str, configs: Mapping[str, "ConvertConfig"], *, per_class: int,
+                          seconds: float = 2.0, seed: int = 0, videos: str = "videos", workers: int = 0,
+                          shards: int | None = None, progress: bool = False,
+                          report: Callable[[str, str, dict], None] | None = None) -> dict[str, str]:
+    """The project's synthetic datasets, converted: the one builder the demo, benchmarks, checks and tests use.
+
+    Makes ``per_class`` videos per motion class under ``root/<videos>`` (once)
+    and converts them with each named config into ``root/clips_<name>``; a
+    finished conversion there is reused as it is. Returns ``{"videos": the
+    video folder, name: conversion folder, ...}``. ``workers``: processes for
+    rendering and converting (0: every core). ``report(name, folder, result)``
+    is called after each conversion this call runs (``run_job``'s result).
+    """
+    from .job import JobOptions, run_job
+    from .system import cpu_count
+
+    src = os.path.join(root, videos)
+    make_dataset(src, per_class=per_class, seconds=seconds, seed=seed, workers=workers or cpu_count())
+    out = {"videos": src}
+    for name, config in configs.items():
+        dst = out[name] = os.path.join(root, f"clips_{name}")
+        if not os.path.exists(os.path.join(dst, "manifest.json")):
+            result = run_job(src, dst, config, JobOptions(workers=workers, shards=shards, progress=progress))
+            if report is not None:
+                report(name, dst, result)
+    return out

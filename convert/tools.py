@@ -76,22 +76,18 @@ def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: 
 def demo(out: str, *, per_class: int, seconds: float, workers: int, codec: str) -> int:
     """Synthesise the embedded dataset, convert it, and say what was written."""
     from .cli import print_summary
-    from .job import JobOptions, run_job
     from .plan import ConvertConfig
-    from .synth import make_dataset
+    from .synth import synthetic_conversions
     from .verify import verify
 
-    src = os.path.join(out, "videos")
-    print(f"synthesising {per_class} videos per class into {src} ...", flush=True)
-    make_dataset(os.path.join(src, "train"), per_class=per_class, seconds=seconds, seed=0)
-    make_dataset(os.path.join(src, "val"), per_class=max(2, per_class // 4), seconds=seconds, seed=1)
     results = {}
-    for split in ("train", "val"):
-        dst = os.path.join(out, f"clips_{split}")
-        print(f"converting {split} -> {dst}", flush=True)
-        result = run_job(os.path.join(src, split), dst, ConvertConfig(codec=codec),
-                         JobOptions(workers=workers, progress=sys.stderr.isatty()))
-        print_summary(dst, result, False)
+    for split, count, seed in (("train", per_class, 0), ("val", max(2, per_class // 4), 1)):
+        src = os.path.join(out, "videos", split)
+        print(f"synthesising {count} videos per class into {src} and converting them ...", flush=True)
+        dst = synthetic_conversions(out, {split: ConvertConfig(codec=codec)}, per_class=count, seconds=seconds,
+                                    seed=seed, videos=os.path.join("videos", split), workers=workers,
+                                    progress=sys.stderr.isatty(),
+                                    report=lambda name, folder, result: print_summary(folder, result, False))[split]
         problems, _ = verify(dst)
         if problems:
             print("verify failed:\n  " + "\n  ".join(problems), file=sys.stderr)

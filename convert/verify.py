@@ -15,7 +15,9 @@ import os
 import signal
 from typing import Callable
 
-from .format import (FormatError, ShardMissing, check_crc, check_plan, check_shard_meta, codec_for_id, get_backend, read_manifest)
+from .format import (FormatError, ShardMissing, check_crc, check_plan, check_shard_meta, codec_for_id, get_backend,
+                     read_manifest)
+from .system import cpu_count
 
 
 def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) -> list[str]:
@@ -134,8 +136,7 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
         problems.append(str(exc))
     tasks = [(meta["name"], _task(os.path.join(out, meta["path"]), i, manifest, decode))
              for i, meta in enumerate(manifest["shards"])]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    problems += isolated(tasks, cpus if workers is None else workers)
+    problems += isolated(tasks, cpu_count() if workers is None else workers)
     totals = manifest["totals"]
     for key in ("clips", "videos", "value_bytes"):
         if sum(m[key] for m in manifest["shards"]) != totals[key]:

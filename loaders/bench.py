@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from convert.system import cpu_count
+
 from .clipstore import open_clips
 from .dataset import LmdbClipDataset, _batch_array, collate
 from .factory import build_loader
@@ -139,21 +141,13 @@ def build_data(root: str, videos: int, workers: int) -> dict[str, str]:
 
     Keys: ``videos``, the codec names (LMDB) and ``tfrecord_<codec>``.
     """
-    from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
-    from convert.synth import make_dataset
+    from convert.synth import synthetic_conversions
 
-    src = os.path.join(root, "videos")
-    make_dataset(src, per_class=max(1, math.ceil(videos / N_CLASSES)), seconds=2.0, seed=0)
-    outs = {"videos": src}
-    for backend in BACKENDS:
-        for codec in CODECS:
-            name = codec if backend == "lmdb" else f"{backend}_{codec}"
-            out = os.path.join(root, f"clips_{name}")
-            run_job(src, out, ConvertConfig(backend=backend, codec=codec),
-                    JobOptions(workers=workers, progress=False))
-            outs[name] = out
-    return outs
+    configs = {codec if backend == "lmdb" else f"{backend}_{codec}": ConvertConfig(backend=backend, codec=codec)
+               for backend in BACKENDS for codec in CODECS}
+    return synthetic_conversions(root, configs, per_class=max(1, math.ceil(videos / N_CLASSES)), seconds=2.0,
+                                 workers=workers)
 
 
 def timed(epoch_batches: Callable[[int], Iterable[dict]], seconds: float, *, untimed_each_epoch: bool = False) -> dict:
@@ -268,7 +262,7 @@ def disk_table(paths: dict[str, str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     root = args.root or tempfile.mkdtemp(prefix="loaders-bench-")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = cpu_count()
     print(f"data: {root} ({args.videos} synthetic videos; building or reusing shards)", flush=True)
     t = time.perf_counter()
     paths = build_data(root, args.videos, cpus)

@@ -25,13 +25,14 @@ ones (LMDB ones take the source route, TFRecord ones both).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from convert.system import cpu_count
 
 from .clipstore import DatasetError, open_clips
 from .dali import DaliClipLoader
@@ -43,21 +44,15 @@ NATIVE_CODECS = ("raw", "lz4", "jpeg")
 
 def _synth_roots(base: str, codecs: Sequence[str], *, backend: str = "lmdb", per_class: int = 2,
                  seconds: float = 1.2, **config) -> list[str]:
-    """Convert a small synthetic dataset once per codec under ``base`` (the videos are made once)."""
-    from convert.job import JobOptions, run_job
+    """A small synthetic dataset converted once per codec under ``base`` (the videos are made once)."""
     from convert.plan import ConvertConfig
-    from convert.synth import make_dataset
+    from convert.synth import synthetic_conversions
 
-    src = os.path.join(base, f"videos-{per_class}-{seconds}")
-    if not os.path.isdir(src):
-        make_dataset(src, per_class=per_class, seconds=seconds, seed=0)
-    roots = []
-    for codec in codecs:
-        out = os.path.join(base, f"{backend}-{codec}")
-        run_job(src, out, ConvertConfig(backend=backend, codec=codec, **config),
-                JobOptions(workers=min(16, os.cpu_count() or 1), progress=False))
-        roots.append(out)
-    return roots
+    out = synthetic_conversions(base, {f"{backend}-{codec}": ConvertConfig(backend=backend, codec=codec, **config)
+                                       for codec in codecs},
+                                per_class=per_class, seconds=seconds, videos=f"videos-{per_class}-{seconds}",
+                                workers=min(16, cpu_count()))
+    return [out[f"{backend}-{codec}"] for codec in codecs]
 
 
 def _check_against_lmdb(root: str, preset: ClipPreset, *, device_id: int | None, batch_size: int, workers: int,
@@ -288,7 +283,7 @@ def native_self_check(roots: Sequence[str] | None = None, *, device_id: int | No
 
     from .dali_native import cpu_codecs
 
-    threads = threads or max(1, min(8, os.cpu_count() or 1))
+    threads = threads or max(1, min(8, cpu_count()))
     results: dict = {"device": _device_name(device_id)}
     with tempfile.TemporaryDirectory(prefix="dali_native_check_") as tmp:
         if roots is None:

@@ -14,19 +14,13 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from convert.system import cpu_count
+
 from .dataset import collate
 from .sampler import DistributedClipSampler
 from .threaded import ThreadedClipLoader
 
 START_METHODS = ("fork", "spawn", "forkserver")
-
-
-def _cpus() -> int:
-    # CPUs this process may run on (a SLURM / container limit), falling back to all of them.
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _cpus_per_rank() -> int:
@@ -36,7 +30,7 @@ def _cpus_per_rank() -> int:
         ranks = max(1, int(local))
     except ValueError as exc:
         raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {local!r}") from exc
-    return _cpus() // ranks
+    return cpu_count() // ranks
 
 
 def default_workers() -> int:

@@ -66,10 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.root:
             roots = [args.root]
         else:
-            from train.synthdata import converted_split
+            from convert.plan import ConvertConfig
+            from convert.synth import synthetic_conversions
 
-            roots = [converted_split(tmp, codec, per_class=4, seconds=2.0, codec=codec)
-                     for codec in ("raw", "lz4", "jpeg")]
+            codecs = ("raw", "lz4", "jpeg")
+            made = synthetic_conversions(tmp, {c: ConvertConfig(codec=c) for c in codecs}, per_class=4, seconds=2.0)
+            roots = [made[c] for c in codecs]
         failed = 0
         for root in roots:
             r = check(root, device=args.device, threads=args.threads, epochs=args.epochs)

@@ -29,7 +29,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -37,35 +36,15 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
+from convert.plan import ConvertConfig  # noqa: E402
+from convert.synth import synthetic_conversions  # noqa: E402
+from convert.system import cpu_count  # noqa: E402
 from train import TrainError  # noqa: E402
 from train.main import run_argv  # noqa: E402
 
 FLOP_PER_CLIP = 231e9  # forward + backward, 16x112x112, full width
 # Dense bf16 tensor-core peaks (FLOP/s) by GPU name; --peak-tflops for others.
 PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
-
-
-def _synth_class(args: tuple[str, str, int, float, int]) -> None:
-    from convert.synth import make_dataset
-
-    src, cls, per_class, seconds, seed = args
-    make_dataset(src, per_class=per_class, seconds=seconds, seed=seed, classes=(cls,))
-
-
-def build_shards(work: str, *, per_class: int, seconds: float, size: tuple[int, int], workers: int) -> str:
-    """Synthetic videos (one process per class) converted to LMDB shards under WORK/clips_train."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
-    from convert.synth import CLASSES
-
-    dst = os.path.join(work, "clips_train")
-    if os.path.exists(os.path.join(dst, "manifest.json")):
-        return dst
-    src = os.path.join(work, "videos")
-    with ProcessPoolExecutor(max_workers=min(len(CLASSES), workers)) as pool:
-        list(pool.map(_synth_class, [(src, c, per_class, seconds, k) for k, c in enumerate(CLASSES)]))
-    run_job(src, dst, ConvertConfig(size=size), JobOptions(workers=workers, progress=False))
-    return dst
 
 
 def dali_importable() -> bool:
@@ -168,7 +147,7 @@ def main() -> int:
         print("no CUDA device: running the CPU smoke configuration instead (pass --smoke to say so)")
         opts.smoke = True
     device = torch.device("cuda" if cuda else "cpu")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    cores = max(cpu_count(), 2)
     opts.width, opts.crop = (1.0, 112) if not opts.smoke else (0.0625, 32)
     opts.steps = opts.steps or (20 if not opts.smoke else 4)
     opts.batch = opts.batch or ("auto" if cuda else "8")
@@ -184,7 +163,8 @@ def main() -> int:
         # the largest batch a 141 GB GPU holds, so the auto batch gives at least one step per epoch.
         size = (128, 171) if not opts.smoke else (40, 52)
         per_class, seconds = (24, 12.0) if not opts.smoke else (2, 2.0)
-        data = build_shards(opts.work, per_class=per_class, seconds=seconds, size=size, workers=max(cores, 2))
+        data = synthetic_conversions(opts.work, {"train": ConvertConfig(size=size)}, per_class=per_class,
+                                     seconds=seconds, workers=cores)["train"]
     print(f"data: {data} (ready in {time.perf_counter() - t0:.0f} s); device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if cuda else ""), flush=True)
     # The first loader probes the batch (auto); the others reuse its answer.

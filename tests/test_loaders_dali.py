@@ -31,21 +31,14 @@ SCALES = (1.0, 0.875, 0.75, 0.66)
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> dict[str, str]:
     """10 synthetic videos (18 clips of 16x128x171) converted as raw, lz4 and jpeg, plus lz4 by short side."""
-    from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
-    from convert.synth import make_dataset
+    from convert.synth import synthetic_conversions
 
-    base = tmp_path_factory.mktemp("dali")
-    src = str(base / "videos")
-    make_dataset(src, per_class=2, seconds=1.2)
     configs = {"raw": ConvertConfig(codec="raw"), "lz4": ConvertConfig(codec="lz4"),
                "jpeg": ConvertConfig(codec="jpeg"),
                "lz4_short": ConvertConfig(codec="lz4", size=None, short_side=120)}
-    out = {}
-    for name, config in configs.items():
-        out[name] = str(base / name)
-        run_job(src, out[name], config, JobOptions(workers=2, progress=False))
-    return out
+    out = synthetic_conversions(str(tmp_path_factory.mktemp("dali")), configs, per_class=2, seconds=1.2, workers=2)
+    return {name: out[name] for name in configs}
 
 
 def _reference(root: str, preset: ClipPreset) -> LmdbClipDataset:

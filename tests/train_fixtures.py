@@ -24,12 +24,13 @@ _BUILT: dict[str, str] = {}
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> str:
     """40 clips (20 videos x 2) of 16 x 40 x 52, five classes."""
-    from train.synthdata import converted_split
+    from convert.plan import ConvertConfig
+    from convert.synth import synthetic_conversions
 
     if "tiny" not in _BUILT:
         base = tmp_path_factory.getbasetemp() / "train_tiny"
-        path = converted_split(str(base), "train", per_class=4, seconds=2.0, seed=7, size=(40, 52), max_clips=2,
-                               workers=2)
+        path = synthetic_conversions(str(base), {"train": ConvertConfig(size=(40, 52), max_clips=2)}, per_class=4,
+                                     seconds=2.0, seed=7, videos="videos/train", workers=2)["train"]
         with open(os.path.join(path, "manifest.json")) as f:
             clips = sum(s["clips"] for s in json.load(f)["shards"])
         if clips != 40:

@@ -5,8 +5,8 @@ Modules: ``model`` (C3D), ``dist`` (process group), ``data`` (loaders seam),
 resume), ``engine`` (train_one_epoch, evaluate), ``metrics`` (evaluation
 numbers, JSON lines, TensorBoard), ``plots`` (PNG figures), ``autobatch``
 (``--batch-size auto``), ``args`` (command line), ``config`` (the run's
-frozen ``TrainConfig``, resolved once from it), ``main``, ``evalcmd``, ``demo`` and
-``synthdata`` (converted synthetic datasets for the demo, tests and device check).
+frozen ``TrainConfig``, resolved once from it), ``main``, ``evalcmd`` and ``demo``
+(synthetic data comes from ``convert.synth.synthetic_conversions``).
 """
 
 from .errors import TrainError
