@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import av
 import numpy as np
+
+if TYPE_CHECKING:
+    import av
 
 
 class VideoError(Exception):
@@ -87,6 +89,10 @@ class VideoDecoder:
         self._reached: float | None = None  # latest end (pts + duration, seconds) of a decoded frame
         self._last_step = 0.0  # that frame's duration, seconds
         self._last_pts: float | None = None
+        # PyAV is imported here, not with the module: the job process plans and
+        # supervises without it (its import is 50-90 ms of the job's start-up).
+        import av
+
         try:
             self._container = av.open(path, metadata_errors="ignore")
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
@@ -130,6 +136,8 @@ class VideoDecoder:
 
     # -- decoding -----------------------------------------------------------
     def _raw_frames(self) -> Iterator[av.VideoFrame]:
+        import av
+
         try:
             for packet in self._container.demux(self._stream):
                 for frame in packet.decode():
@@ -247,6 +255,8 @@ class VideoDecoder:
                 yield held, n
 
     def _graph(self, frame: av.VideoFrame) -> av.filter.Graph:
+        import av
+
         rot = _rotation_filters(frame.rotation or 0)
         w, h = frame.width, frame.height
         if any("transpose" in f for f in rot):

@@ -25,7 +25,7 @@ from .format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, 
 from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
                    write_json_atomic)
 from .sources import Source, SourceError, load_source
-from .supervise import ShardOptions, run_shard
+from .supervise import ShardOptions, prestart, run_shard
 
 # OUT/.lock: held (flock) by the job converting into OUT, and naming it.
 LOCK = ".lock"
@@ -338,6 +338,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     say = say or (lambda message: None)
     source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
     check_out(out, config)  # before OUT or its lock file is created
+    if not opts.dask:
+        prestart()  # the shard processes' fork server imports while the source is read and planned
     source = None
     rerun = os.path.exists(os.path.join(out, PLAN))
     if not rerun:

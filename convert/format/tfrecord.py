@@ -32,7 +32,6 @@ import struct
 import threading
 from typing import Callable, Iterator, Sequence
 
-import crc32c
 import numpy as np
 
 from .base import ClipProducer, ShardReader, ShardWriter, VideoRecord, Visitor, WriterOptions, headers_checksum, \
@@ -52,9 +51,21 @@ def part_name(n: int, ext: str) -> str:
     return f"part-{n:05d}.{ext}"
 
 
+_crc32c: Callable[[bytes | memoryview], int] | None = None
+
+
 def masked_crc(data: bytes | memoryview) -> int:
     """TFRecord's masked CRC-32C (Castagnoli) of ``data``."""
-    crc = crc32c.crc32c(data)
+    global _crc32c
+    if _crc32c is None:
+        # Imported on first use: the crc32c package's __init__ reads its own
+        # version through importlib.metadata, about 40 ms that every process
+        # importing convert.format (the job, each shard process, each loader)
+        # would pay even when it never touches a TFRecord shard.
+        import crc32c
+
+        _crc32c = crc32c.crc32c
+    crc = _crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK) & 0xFFFFFFFF
 
 
