@@ -1,24 +1,25 @@
 """The conversion job: plan, run shards in parallel, then write manifest and report.
 
-Shards run through joblib (loky processes by default, or any joblib backend
-such as Dask's for several machines). The manifest is written last, from what
-the shards hold, so its presence means the job is complete.
+Shards run in threads, one supervisor per shard watching its shard process,
+as many at a time as workers (or through joblib's Dask backend on several
+machines). The manifest is written last, from what the shards hold, so its
+presence means the job is complete.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
+import queue
 import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator
-
-from joblib import Parallel, delayed, parallel_config
 
 from .format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
                      ShardMissing, get_backend, shard_name)
@@ -164,6 +165,46 @@ class _ProgressBar(threading.Thread):
                     return
 
 
+def _in_threads(calls: list[Callable[[], dict]], n: int) -> list[dict]:
+    """Run ``calls`` on ``n`` daemon threads; their results, in the order they finish.
+
+    The first call to raise stops the others from starting and is raised here
+    at once; those already running are left to their daemon threads, so the
+    process can exit without waiting for them (as joblib's threading backend
+    does). Plain threads rather than joblib here: importing joblib took
+    60-200 ms of every job's start-up on the 2-core VM, for a pool whose tasks
+    only wait on pipes.
+    """
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for call in calls:
+        todo.put(call)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            try:
+                call = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.put((True, call()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+                done.put((False, exc))
+                return
+
+    for k in range(min(n, len(calls))):
+        threading.Thread(target=work, name=f"shard-supervisor-{k}", daemon=True).start()
+    results = []
+    for _ in calls:
+        ok, value = done.get()
+        if not ok:
+            stop.set()
+            raise value
+        results.append(value)
+    return results
+
+
 def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None,
                retry: dict[int, list[int]] | None = None) -> list[dict]:
     """Run the shards ``indices`` (default: all of the plan); their summaries, in any order.
@@ -173,20 +214,20 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     workers = opts.workers or _cpu_count()
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
     retry = retry or {}
-    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
+    calls = [functools.partial(run_shard, out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
+        from joblib import Parallel, delayed, parallel_config
 
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1) if opts.dask == "local" else None
         with Client(cluster or opts.dask), parallel_config(backend="dask"):
-            results = list(Parallel(return_as="generator_unordered")(tasks))
+            results = list(Parallel(return_as="generator_unordered")(delayed(call)() for call in calls))
         if cluster is not None:
             cluster.close()
         return results
     # A supervisor only waits on its shard process's pipe, so threads are enough
     # here: the decoding runs in the shard processes, one per core.
-    return list(Parallel(n_jobs=min(workers, len(tasks)), backend="threading",
-                         return_as="generator_unordered")(tasks))
+    return _in_threads(calls, workers)
 
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:

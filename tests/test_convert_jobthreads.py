@@ -1,0 +1,53 @@
+"""The job's pool of supervisor threads: results, and a failing shard stops the job at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from convert.job import _in_threads
+
+
+def test_every_call_runs_once_on_at_most_n_threads():
+    lock, running, peak, seen = threading.Lock(), [0], [0], []
+
+    def call(i: int):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+            seen.append(i)
+        return {"index": i}
+
+    results = _in_threads([lambda i=i: call(i) for i in range(7)], 3)
+    assert sorted(r["index"] for r in results) == list(range(7)) == sorted(seen)
+    assert peak[0] == 3
+
+
+def test_the_first_failure_is_raised_without_waiting_and_stops_the_rest():
+    release, started = threading.Event(), []
+
+    def slow():
+        started.append("slow")
+        release.wait(10)
+        return {}
+
+    def fail():
+        started.append("fail")
+        raise RuntimeError("shard-00001: shard process died while starting")
+
+    def never():
+        started.append("never")
+        return {}
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="shard-00001: shard process died while starting"):
+        _in_threads([slow, fail, never], 2)
+    assert time.monotonic() - t0 < 5  # raised while `slow` still runs
+    release.set()
+    time.sleep(0.05)
+    assert sorted(started) == ["fail", "slow"]
