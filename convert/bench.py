@@ -7,7 +7,8 @@ resize, nothing written) and to decord's decode + resize, the outside
 reference (when installed). The conversions are whole jobs (``run_job``: plan,
 shard processes, writing, manifest); decode-only and decord run in an
 already warm joblib pool, so the job's fixed start-up cost is measured on its
-own, on one and two tiny videos.
+own, on one and two tiny videos in a fresh process (imports, ``run_job`` and
+``python -m convert`` as a whole).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Callable
 from joblib import Parallel, delayed
 
 from .decode import FrameSpec, VideoDecoder
-from .job import JobOptions, run_job
+from .job import JobOptions, _cpu_count, run_job
 from .plan import ConvertConfig
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
@@ -85,33 +86,70 @@ def _parallel(fn, paths: list[str], workers: int) -> tuple[int, float]:
     return frames, time.perf_counter() - t0
 
 
+def _stored_frames(out: str, manifest: dict) -> int:
+    """Frames of every video the shards hold a record of (what the conversion decoded)."""
+    from .format import open_shard
+
+    frames = 0
+    for shard in manifest["shards"]:
+        reader = open_shard(manifest["backend"], os.path.join(out, shard["path"]))
+        try:
+            frames += sum(r.frames for r in reader.records())
+        finally:
+            reader.close()
+    return frames
+
+
 def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tuple[int, float]:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     manifest = run_job(tree, out, ConvertConfig(backend=backend, codec=codec),
                        JobOptions(workers=workers, progress=False))
     elapsed = time.perf_counter() - t0
-    from loaders import open_clips
-
-    store = open_clips(out)
-    frames = sum(r.frames for si in range(len(store.shard_paths)) for r in store.reader(si).records())
     if manifest["totals"]["videos"] == 0:
         raise SystemExit(f"{out}: the conversion stored no video")
-    return frames, elapsed
+    return _stored_frames(out, manifest), elapsed
 
 
-def _cli_convert(tree: str, out: str, workers: int) -> tuple[int, float]:
-    """``python -m convert`` as a user runs it: the interpreter's and the imports' start-up included."""
+_FRESH_JOB = """
+import sys, time
+t0 = time.perf_counter()
+from convert.job import JobOptions, run_job
+from convert.plan import ConvertConfig
+t1 = time.perf_counter()
+run_job(sys.argv[1], sys.argv[2], ConvertConfig(), JobOptions(workers=int(sys.argv[3]), progress=False))
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def _fresh(tree: str, out: str, workers: int) -> tuple[float, float, float]:
+    """A job in a new process, as a user starts one: (its imports, its run_job, ``python -m convert`` in all)."""
     import subprocess
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")]))}
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-c", _FRESH_JOB, tree, out, str(workers)], check=True, env=env,
+                          capture_output=True, text=True)
+    imports, job = map(float, done.stdout.split())
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "convert", tree, out, "--workers", str(workers), "--no-progress"],
-                   check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                       filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                     os.environ.get("PYTHONPATH")]))})
-    return 0, time.perf_counter() - t0
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    return imports, job, time.perf_counter() - t0
+
+
+def write_speed(folder: str, mib: int = 256) -> float:
+    """MB/s of writing new data into a fresh file here: the page-cache cost every writer pays, decode-only none."""
+    block = os.urandom(1 << 20)
+    path = os.path.join(folder, "write-speed.tmp")
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        for _ in range(mib):
+            fh.write(block)
+    elapsed = time.perf_counter() - t0
+    os.remove(path)
+    return mib * (1 << 20) / elapsed / 1e6
 
 
 def _stored_mb(out: str) -> float:
@@ -138,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", default=DEFAULT_SHARED, help="folder with the real test videos")
     p.add_argument("--videos", default="50,200",
                    help="comma-separated job sizes: each uses the real videos in turn, as that many videos")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--workers", type=int, default=_cpu_count(), help="processes (default: the CPUs this process may use)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each row is shown")
     p.add_argument("--tmp", default=None, help="scratch folder (default: a temp dir, removed after)")
     args = p.parse_args(argv)
@@ -164,22 +202,18 @@ def main(argv: list[str] | None = None) -> int:
         for n in (1, 2):
             tree = os.path.join(scratch, f"tiny-{n}")
             shutil.rmtree(tree, ignore_errors=True)
-            paths = build_tree(tree, args.shared, n, [TINY])
-            out = os.path.join(scratch, f"tiny-out-{n}")
-            tiny[f"run_job, {n} tiny video{'s' * (n > 1)}"] = (
-                lambda tree=tree, out=out: _convert(tree, out, args.workers, "lmdb", "raw"))
-            tiny[f"decode-only, the same {n}"] = lambda paths=paths: _parallel(_pyav_decode, paths, args.workers)
-            tiny[f"python -m convert, {n} tiny video{'s' * (n > 1)}"] = (
-                lambda tree=tree, out=out: _cli_convert(tree, out, args.workers))
+            tiny[n] = (tree, build_tree(tree, args.shared, n, [TINY]))
         _parallel(_pyav_decode, build_tree(os.path.join(scratch, "warm"), args.shared, 4), args.workers)
         rows: dict[int, dict[str, list[tuple[int, float]]]] = {n: {} for n in sizes}
-        starts: dict[str, list[float]] = {}
+        starts: dict[int, list[tuple[float, ...]]] = {n: [] for n in tiny}
         for _ in range(args.rounds):
-            for name, fn in tiny.items():
-                starts.setdefault(name, []).append(fn()[1])
+            for n, (tree, paths) in tiny.items():
+                decode = _parallel(_pyav_decode, paths, args.workers)[1]
+                starts[n].append((*_fresh(tree, os.path.join(scratch, f"tiny-out-{n}"), args.workers), decode))
             for n in sizes:
                 for name, fn in plans[n].items():
                     rows[n].setdefault(name, []).append(fn())
+        speed = max(write_speed(scratch) for _ in range(args.rounds))
         for n in sizes:
             best = {name: max(f / t for f, t in r) for name, r in rows[n].items()}
             base, ref = best[BASE], best.get(DECORD)
@@ -192,10 +226,17 @@ def main(argv: list[str] | None = None) -> int:
                 vs_ref = f"{fps / ref:9.2f}" if ref else f"{'-':>9}"
                 print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} | {vs_ref} |")
             mbs = {c: _stored_mb(os.path.join(scratch, f"out-{n}", f"lmdb-{c}")) for c in ("raw", "lz4")}
-            print("\nstored: " + ", ".join(f"{c} {mb:.0f} MB" for c, mb in mbs.items()))
-        print(f"\nfixed start-up (best of {args.rounds}; seconds of wall time)\n")
-        for name, times in starts.items():
-            print(f"  {name:36} {min(times):6.3f} s")
+            print("\nstored: " + ", ".join(f"{c} {mb:.0f} MB" for c, mb in mbs.items()) + f"; at this machine's "
+                  f"{speed:.0f} MB/s for new file data, writing raw alone takes {mbs['raw'] / speed / args.workers:.2f} s "
+                  f"per process, decoding {frames / base:.2f} s")
+        print(f"\nfixed start-up: a job on tiny videos ({TINY}, 32 frames each) in a fresh process, "
+              f"best of {args.rounds}; seconds\n")
+        print(f"| {'videos':6} | {'imports':>7} | {'run_job':>7} | {'of it decoding':>14} | {'fixed':>5} | "
+              f"{'python -m convert':>17} |")
+        print(f"|{'-' * 8}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 7}|{'-' * 19}|")
+        for n, runs in starts.items():
+            imports, job, cli, decode = (min(r[k] for r in runs) for k in range(4))
+            print(f"| {n:6} | {imports:7.3f} | {job:7.3f} | {decode:14.3f} | {job - decode:5.3f} | {cli:17.3f} |")
         return 0
     finally:
         if args.tmp is None:
