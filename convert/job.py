@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -21,15 +22,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator
 
-from .format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
+from .format import (FORMAT_NAME, FORMAT_VERSION, LOCK, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
                      ShardMissing, get_backend, shard_name)
 from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
                    write_json_atomic)
 from .sources import Source, SourceError, load_source
 from .supervise import ShardOptions, prestart, run_shard
 
-# OUT/.lock: held (flock) by the job converting into OUT, and naming it.
-LOCK = ".lock"
 
 
 @dataclass(frozen=True)
@@ -364,6 +363,57 @@ def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], 
         return None
 
 
+SPACE_SAMPLE = 16  # videos probed to estimate the space a job needs
+
+
+def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int]) -> int | None:
+    """Bytes the pending videos of ``shards`` will take, from a few probed videos; None if none probes.
+
+    A sample, not every video: probing reads each container's header, and a
+    Kinetics job has 240k of them.
+    """
+    from .decode import VideoDecoder, VideoError
+    from .format import get_codec
+    from .shard_worker import estimate_bytes
+
+    pending = []
+    for i in shards:
+        try:
+            done = {r.video_id for r in _records(out, plan, i) or ()}
+        except PlanError:
+            done = set()  # a damaged shard: its process sets it aside and converts it all again
+        pending += [item for item in plan.shards[i] if item.id not in done]
+    if not pending:
+        return 0
+    step = max(1, len(pending) // SPACE_SAMPLE)
+    sizes = []
+    for item in pending[::step][:SPACE_SAMPLE]:
+        try:
+            with VideoDecoder(item.path, plan.config.frame_spec()) as dec:
+                sizes.append(estimate_bytes(dec, plan.config))
+        except VideoError:
+            continue  # the conversion records why; it adds nothing to the estimate
+    if not sizes:
+        return None
+    # Raw bytes; lz4 and jpeg store less (FORMAT.md), so this is an upper bound for them.
+    ratio = {"raw": 1.0, "lz4": 1.2, "jpeg": 8.0}.get(get_codec(plan.config.codec).name, 1.0)
+    return int(sum(sizes) / len(sizes) * len(pending) / ratio)
+
+
+def check_space(out: str, plan: Plan, shards: Iterable[int], say: Callable[[str], None]) -> None:
+    """Warn (through ``say``) when OUT's device looks too small for what this run will write."""
+    need = estimate_bytes_needed(out, plan, shards)
+    free = shutil.disk_usage(out).free
+    if need and need > free:
+        say(f"{out}: this run needs about {_human(need)} (estimated from up to {SPACE_SAMPLE} probed videos) "
+            f"but the device has {_human(free)} free; it stops cleanly when the disk fills, and a rerun after "
+            f"freeing space goes on from there")
+
+
+def _human(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 1 << 30 else f"{n / 2**20:.0f} MiB"
+
+
 def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
             split: str | None = None, classes_file: str | None = None, add_new: bool = False,
             retry_failed: bool = False, say: Callable[[str], None] | None = None) -> dict:
@@ -418,7 +468,9 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             os.remove(manifest_path)
         else:
             kept = []
-        total = sum(len(plan.shards[i]) for i in (range(len(plan.shards)) if redo is None else redo))
+        running = range(len(plan.shards)) if redo is None else sorted(redo)
+        total = sum(len(plan.shards[i]) for i in running)
+        check_space(out, plan, running, say)
         t0 = time.monotonic()
         bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
         bar.start()
@@ -427,6 +479,10 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         finally:
             bar.stop.set()
             bar.join()
+        for s in summaries:
+            if s.get("note"):
+                notes.setdefault("set_aside", []).append(s["note"])
+                say(s["note"])
         manifest = finalize(out, plan, kept + summaries)
         converted = {"videos": sum(s["new_videos"] for s in summaries), "clips": sum(s["new_clips"] for s in summaries)}
         return {**manifest, **notes, "already_complete": False, "seconds": time.monotonic() - t0,

@@ -9,6 +9,7 @@ video was in flight.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,7 +23,11 @@ from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
-from .format import BACKENDS, ShardWriter, VideoRecord, WriterOptions, shard_meta
+from .format import (BACKENDS, DAMAGED_DIR, MANIFEST, ShardDamaged, ShardWriter, StoreError, StoreFullError, VideoRecord,
+                     WriterOptions, shard_meta)
+
+log = logging.getLogger("convert.shard")
+MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame
 
 VALUE_OVERHEAD = 256  # header, key and LMDB node bytes per clip, rounded up
 
@@ -82,7 +87,7 @@ def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
 
 
 def _inject_fault(item: VideoItem) -> None:
-    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID", "alloc:ID" or "crash_once:ID:MARKER_FILE".
+    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID", "alloc:ID", "enospc:ID" or "crash_once:ID:MARKER_FILE".
 
     Lets the test suite prove that a decoder crash or hang costs one video and
     nothing else, without shipping a file that really crashes FFmpeg.
@@ -104,6 +109,8 @@ def _inject_fault(item: VideoItem) -> None:
         import numpy as np
 
         np.ones(1 << 40, dtype=np.uint8)  # 1 TiB: fails under any --max-memory
+    if kind == "enospc":  # the store fills up in the middle of this video's clips
+        raise StoreFullError(errno.ENOSPC, f"no space left for the shard (simulated while writing {item.id})")
 
 
 def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> VideoRecord:
@@ -131,6 +138,25 @@ def open_writer(out: str, plan: Plan, index: int, options: WriterOptions = Write
                                                 meta=meta, options=options)
 
 
+def open_or_set_aside(out: str, plan: Plan, index: int, options: WriterOptions) -> tuple[ShardWriter, str | None]:
+    """The shard's writer; an unfinished shard that cannot be opened is moved aside first (and a note says so).
+
+    Its videos are then converted again into a fresh shard: nothing else is
+    lost. A finished conversion's shard is never moved (``verify`` reports it).
+    """
+    try:
+        return open_writer(out, plan, index, options), None
+    except ShardDamaged as exc:
+        if os.path.exists(os.path.join(out, MANIFEST)):
+            raise
+        path = plan.shard_path(out, index)
+        aside = os.path.join(out, DAMAGED_DIR, f"{os.path.basename(path)}-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        os.rename(path, aside)
+        log.warning("%s; moved aside to %s, its videos are converted again", exc, aside)
+        return open_writer(out, plan, index, options), f"{exc}; moved aside to {aside} and converted again"
+
+
 def main(argv: list[str]) -> int:
     out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s shard %(process)d %(message)s")
@@ -147,32 +173,51 @@ def main(argv: list[str]) -> int:
     items = plan.shards[index]
     options = WriterOptions(map_size=opts.get("map_size"), compact=opts.get("compact", False),
                             **({"part_bytes": opts["part_bytes"]} if opts.get("part_bytes") else {}))
-    with open_writer(out, plan, index, options) as writer:
+    try:
+        writer, note = open_or_set_aside(out, plan, index, options)
+    except StoreError as exc:
+        proto.write(json.dumps({"machine": str(exc)}) + "\n")
+        return MACHINE_EXIT
+    with writer:
         done = writer.done_records()
         proto.write(json.dumps({"ready": True, "done": [i for i, it in enumerate(items) if it.id in done],
-                                "complete": writer.complete_record() is not None}) + "\n")
+                                "complete": writer.complete_record() is not None, "note": note}) + "\n")
         for line in sys.stdin:
             cmd = json.loads(line)
-            if cmd["op"] in ("video", "retry"):
-                item = items[cmd["index"]]
-                if cmd["op"] == "retry":
-                    # Its failure record goes only now, just before the new attempt. A job
-                    # killed before the new record commits leaves the video pending, so a
-                    # plain rerun converts it; a decoder crash is handled as for any video.
-                    writer.forget_video(item.id)
-                rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
-                proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
-            elif cmd["op"] == "fail":
-                item = items[cmd["index"]]
-                rec = writer.write_video(item.id, item.label, failed_producer(item, cmd["reason"]), 0)
-                proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
-            elif cmd["op"] == "finish":
-                summary = writer.finish()
-                proto.write(json.dumps({"finished": True, **summary}) + "\n")
-                break
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
+            try:
+                if not answer(cmd, writer, items, plan, opts, proto):
+                    break
+            except StoreError as exc:
+                # A full disk or an I/O error says nothing about the video: nothing
+                # of it was committed, and the job stops so a rerun redoes it.
+                video = items[cmd["index"]].id if "index" in cmd else None
+                proto.write(json.dumps({"index": cmd.get("index"), "video": video, "machine": str(exc)}) + "\n")
+                return MACHINE_EXIT
     return 0
+
+
+def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, opts: dict, proto) -> bool:
+    """Carry out one supervisor command and write its answer; False after ``finish``."""
+    if cmd["op"] in ("video", "retry"):
+        item = items[cmd["index"]]
+        if cmd["op"] == "retry":
+            # Its failure record goes only now, just before the new attempt. A job
+            # killed before the new record commits leaves the video pending, so a
+            # plain rerun converts it; a decoder crash is handled as for any video.
+            writer.forget_video(item.id)
+        rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
+        proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+    elif cmd["op"] == "fail":
+        item = items[cmd["index"]]
+        rec = writer.write_video(item.id, item.label, failed_producer(item, cmd["reason"]), 0)
+        proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+    elif cmd["op"] == "finish":
+        summary = writer.finish()
+        proto.write(json.dumps({"finished": True, **summary}) + "\n")
+        return False
+    else:
+        raise ValueError(f"unknown command {cmd!r}")
+    return True
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,26 @@ class ShardFailed(RuntimeError):
     The message names the shard, the cause (from the shard's log when it says
     one) and the log.
     """
+
+
+class MachineError(ShardFailed):
+    """The store failed (full disk, I/O error): the job stops, and no video is recorded as failed for it."""
+
+
+# A shard process killed by SIGBUS while OUT's device has less than this free
+# was writing into a memory-mapped store that could not grow: a full disk.
+LOW_SPACE = 256 << 20
+
+
+def machine_cause(out: str, rc: int | None) -> str | None:
+    """Why a shard process's death is the machine's fault, or None when the video may be to blame."""
+    if rc != -signal.SIGBUS:
+        return None
+    free = shutil.disk_usage(out).free
+    if free >= LOW_SPACE:
+        return None
+    return (f"shard process killed by SIGBUS while {out}'s device has only {free} bytes free "
+            f"(a write into the memory-mapped store failed)")
 
 
 def describe_exit(rc: int | None, what: str = "decoder process") -> str:
@@ -178,6 +199,12 @@ class _Progress:
         self.state = {"total": total, "done": 0, "new": 0, "clips": 0, "frames": 0}
         self._last = 0.0
 
+    def set(self, done: int, records) -> None:
+        """Start again from what a (restarted) shard process holds: ``done`` videos, this run's ``records``."""
+        records = list(records)
+        self.state.update(done=done, new=len(records), clips=sum(r.get("clips", 0) for r in records),
+                          frames=sum(r.get("frames", 0) for r in records))
+
     def add(self, record: dict | None = None, force: bool = False) -> None:
         if record is not None:
             self.state["done"] += 1
@@ -203,52 +230,94 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
     attempts: dict[int, int] = {}
 
     def fail(child: _Child, while_: str) -> ShardFailed:
-        cause = child.failure(child.reap())
+        rc = child.reap()
+        machine = machine_cause(out, rc)
         child.close()
-        return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {cause}; see {child.log_path}")
+        if machine:
+            return stop_for_machine(machine)
+        return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {child.failure(rc)}; "
+                           f"see {child.log_path}")
+
+    def stop_for_machine(cause: str, video: str | None = None) -> MachineError:
+        what = f"nothing was recorded for {video}; " if video else ""
+        return MachineError(f"{shard_name(index)}: {cause}; {what}free space on {out}'s device (or fix it) and run "
+                            f"the same command again: it goes on where this run stopped")
+
+    def checked(child: _Child, reply: dict | None) -> dict | None:
+        if reply is not None and "machine" in reply:
+            child.reap()
+            child.close()
+            raise stop_for_machine(reply["machine"], reply.get("video"))
+        return reply
 
     def start() -> tuple[_Child, dict]:
         child = _Child(out, index, opts)
-        hello = child.read(timeout=120)
+        hello = checked(child, child.read(timeout=120))
         if hello is None:
             raise fail(child, "starting")
         return child, hello
 
     child, hello = start()
-    again = set(retry)
-    done = set(hello["done"]) - again
-    progress.state["done"] = len(done)
-    pending = [i for i in range(n_items) if i not in done]
-    pos = 0
+    note = hello.get("note")
+    again = set(retry)  # retried videos whose new record has not come back yet
+    converted: dict[int, dict] = {}  # this run's records, by plan index
+
+    def pending_after(hello: dict) -> list[int]:
+        # What the (new) shard process holds decides what is left: a backend that
+        # commits several videos at once (TFRecord parts) loses the uncommitted
+        # ones with a crashed process, and they must be converted again.
+        done = set(hello["done"]) - again
+        for k in [k for k in converted if k not in done]:
+            del converted[k]
+        progress.set(len(done), converted.values())
+        return [k for k in range(n_items) if k not in done]
+
+    reasons: dict[int, str] = {}
+    pending, pos = pending_after(hello), 0
     while pos < len(pending):
         i = pending[pos]
+        if attempts.get(i, 0) > opts.retries:
+            # Out of attempts: record the failure (again, if a later crash lost the uncommitted record).
+            child.send({"op": "fail", "index": i, "reason": f"{reasons[i]}; {attempts[i]} attempts"})
+            reply = checked(child, child.read(timeout=120))
+            if reply is None:
+                raise fail(child, "recording a failed video")
+            again.discard(i)
+            converted[i] = reply
+            progress.add(reply)
+            pos += 1
+            continue
         child.send({"op": "retry" if i in again else "video", "index": i})
         try:
-            reply = child.read(opts.video_timeout)
-            reason = None if reply is not None else describe_exit(child.reap())
+            reply = checked(child, child.read(opts.video_timeout))
+            if reply is None:
+                rc = child.reap()
+                machine = machine_cause(out, rc)
+                if machine:
+                    child.close()
+                    raise stop_for_machine(machine, f"video number {i} of the shard's plan")
+                reasons[i] = describe_exit(rc)
         except TimeoutError:
             child.kill()
-            reply, reason = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
+            reply, reasons[i] = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
         if reply is not None:
+            again.discard(i)
+            converted[i] = reply
             progress.add(reply)
             pos += 1
             continue
         child.close()
         attempts[i] = attempts.get(i, 0) + 1
-        child, _ = start()
-        if attempts[i] > opts.retries:
-            child.send({"op": "fail", "index": i, "reason": f"{reason}; {attempts[i]} attempts"})
-            reply = child.read(timeout=120)
-            if reply is None:
-                raise fail(child, "recording a failed video")
-            progress.add(reply)
-            pos += 1
+        child, hello = start()
+        pending, pos = pending_after(hello), 0
     child.send({"op": "finish"})
-    summary = child.read(timeout=None)
+    summary = checked(child, child.read(timeout=None))
     if summary is None:
         raise fail(child, "finishing")
     child.close()
     child.proc.wait()
     progress.add(force=True)
     summary.pop("finished", None)
-    return {"index": index, **summary, "new_videos": progress.state["new"], "new_clips": progress.state["clips"]}
+    return {"index": index, **summary, "new_videos": len(converted),
+            "new_clips": sum(r.get("clips", 0) for r in converted.values()),
+            **({"note": note} if note else {})}

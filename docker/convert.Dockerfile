@@ -4,13 +4,14 @@ FROM python:3.11-slim
 
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/videoclips
-# CPU wheel first, or pip would pull the multi-GB CUDA build for conversion.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.5.1
+# The torch the tests ran with, as its CPU wheel: from PyPI pip would pull the CUDA build (GBs of
+# CUDA libraries) that conversion never uses.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md FORMAT.md ./
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train
-RUN pip install ".[dask]"
+RUN pip install "./[dask]"
 
 # One process per core; OUT must be a mounted volume so a restart resumes.
 ENTRYPOINT ["python", "-m", "convert"]

@@ -18,7 +18,8 @@ from typing import Any
 _LAZY = {
     "ClipBatch": "dataset", "ClipDataset": "dataset", "LmdbClipDataset": "dataset", "collate": "dataset",
     "ClipSample": "clipstore", "ClipStore": "clipstore", "DatasetError": "clipstore", "open_clips": "clipstore",
-    "build_loader": "factory", "OnTheFlyVideoDataset": "onthefly",
+    "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory", "OnTheFlyVideoDataset": "onthefly",
+    "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
     "DistributedClipSampler": "sampler",
 }

@@ -13,12 +13,15 @@ crops every clip straight from the memory map into one preallocated array.
 It returns a ``ClipBatch``: a list of per-sample dicts (views into that array,
 so torch's default collate still works) that also carries the collated batch,
 which ``collate`` hands on without another copy. ``build_loader`` sets it up.
+``read_into`` is the same read into arrays the caller owns: the threaded
+loader (``loaders.threaded``) calls it from its reader threads.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -103,6 +106,8 @@ class ClipDataset(Dataset):
         self.store: ClipStore = open_clips(root)
         self.classes: list[str] = self.store.classes
         self.epoch = 0
+        # Rows: this process, then DataLoader workers (by id, wrapping after 64).
+        self._work = torch.zeros((65, 2), dtype=torch.float64).share_memory_()
         stored = self.store.manifest["clip"]["clip_len"]
         if preset.clip_len is not None and preset.clip_len > stored:
             raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
@@ -157,39 +162,66 @@ class ClipDataset(Dataset):
         return epoch, i
 
     # -- reading ------------------------------------------------------------
-    def _read(self, items: Sequence[Any], out: np.ndarray) -> tuple[list[int], list]:
+    def batch_fields(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-sample shape and dtype of each tensor field of a batch (``read_into`` fills them)."""
+        return {"clip": (self.clip_shape, torch.uint8), "label": ((), torch.int64),
+                "clip_index": ((), torch.int64), "index": ((), torch.int64)}
+
+    def read_into(self, items: Sequence[Any], out: dict[str, np.ndarray]) -> dict[str, list]:
+        """Read ``items`` into row k of each array of ``out`` (the fields of ``batch_fields``).
+
+        The batch's clips are read in one transaction per shard, each crop
+        written straight into ``out["clip"][k]``. Returns the fields that are
+        not arrays (``{"video_id": [...]}``). Any thread may call it, for
+        disjoint rows of one batch at once: nothing here is shared but the
+        read-only shard handles.
+        """
         pairs = [self._resolve(it) for it in items]
-        headers: list = [None] * len(pairs)
+        clips, labels, cidx, index = out["clip"], out["label"], out["clip_index"], out["index"]
+        vids: list = [None] * len(pairs)
         n_classes = len(self.classes)
 
         def fill(pos: int, header, payload: memoryview) -> None:
             epoch, i = pairs[pos]
-            crop_into(header, payload, out[pos], self.preset, epoch, i, num_classes=n_classes,
+            crop_into(header, payload, clips[pos], self.preset, epoch, i, num_classes=n_classes,
                       verify=self.verify_checksums)
-            headers[pos] = header
+            labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id
 
         self.store.visit([i for _, i in pairs], fill)
-        return [i for _, i in pairs], headers
+        return {"video_id": vids}
 
     def __getitem__(self, item: Any) -> dict:
-        arr = np.empty((1, *self.clip_shape), dtype=np.uint8)
-        (i,), (h,) = self._read([item], arr)
-        return {"clip": torch.from_numpy(arr[0]), "label": int(h.label), "video_id": h.video_id,
-                "clip_index": int(h.clip_index), "index": i}
+        return self.__getitems__([item])[0]
 
     def __getitems__(self, items: Sequence[Any]) -> ClipBatch:
         """A whole batch: one read transaction per shard, crops written into one array."""
-        clips = _batch_array((len(items), *self.clip_shape))
-        indices, headers = self._read(items, clips.numpy())
-        labels = [int(h.label) for h in headers]
-        vids = [h.video_id for h in headers]
-        cidx = [int(h.clip_index) for h in headers]
-        collated = {"clip": clips, "label": torch.tensor(labels, dtype=torch.int64), "video_id": vids,
-                    "clip_index": torch.tensor(cidx, dtype=torch.int64),
-                    "index": torch.tensor(indices, dtype=torch.int64)}
-        samples = [{"clip": clips[k], "label": labels[k], "video_id": vids[k], "clip_index": cidx[k],
-                    "index": indices[k]} for k in range(len(items))]
-        return ClipBatch(samples, collated)
+        t0 = time.perf_counter()
+        n = len(items)
+        tensors = {k: _batch_array((n, *shape)) if k == "clip" else torch.empty((n, *shape), dtype=dt)
+                   for k, (shape, dt) in self.batch_fields().items()}
+        lists = self.read_into(items, {k: t.numpy() for k, t in tensors.items()})
+        self._count(n, time.perf_counter() - t0)
+        clips, labels, cidx, indices = (tensors[k] for k in ("clip", "label", "clip_index", "index"))
+        samples = [{"clip": clips[k], "label": int(labels[k]), "video_id": lists["video_id"][k],
+                    "clip_index": int(cidx[k]), "index": int(indices[k])} for k in range(n)]
+        return ClipBatch(samples, {**tensors, **lists})
+
+    # -- what the readers did (for the trainer's logs) ------------------------
+    def _count(self, clips: int, seconds: float) -> None:
+        info = get_worker_info()
+        row = self._work[0 if info is None else 1 + info.id % (len(self._work) - 1)]
+        row[0] += clips  # one row per worker process: no two writers share a row
+        row[1] += seconds
+
+    def read_work(self) -> tuple[int, float]:
+        """(clips, seconds) that ``__getitems__`` has read so far, summed over every process reading.
+
+        Worker processes add to a shared-memory table, one row each, so the
+        training process sees their work without any message; the trainer turns
+        differences of this into the loader's own clips/s.
+        """
+        clips, seconds = self._work.sum(0).tolist()
+        return int(clips), float(seconds)
 
     def __repr__(self) -> str:
         return (f"ClipDataset({self.root!r}, {self.store.backend.name}, {len(self)} clips, {len(self.classes)} classes, "

@@ -1,18 +1,22 @@
-"""``build_loader``: a DataLoader with the defaults this project's readers want.
+"""``build_loader``: the loader this project's readers want, over threads or worker processes.
 
-Every default can be overridden; anything else goes to ``DataLoader`` as is.
+``threads=N`` gives a ``ThreadedClipLoader`` (N reader threads in this
+process, preallocated pinned batches); otherwise a ``DataLoader`` with
+``workers`` processes. Every default can be overridden; anything else goes to
+``DataLoader`` as is.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .dataset import collate
 from .sampler import DistributedClipSampler
+from .threaded import ThreadedClipLoader
 
 START_METHODS = ("fork", "spawn", "forkserver")
 
@@ -25,21 +29,33 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def default_workers() -> int:
-    """CPUs per local rank (``LOCAL_WORLD_SIZE``, default 1), at most 8."""
+def _cpus_per_rank() -> int:
+    # This process's share of the CPUs: LOCAL_WORLD_SIZE ranks (default 1) share them.
     local = os.environ.get("LOCAL_WORLD_SIZE", "1")
     try:
         ranks = max(1, int(local))
     except ValueError as exc:
         raise ValueError(f"LOCAL_WORLD_SIZE must be an integer, got {local!r}") from exc
-    return max(0, min(_cpus() // ranks, 8))
+    return _cpus() // ranks
+
+
+def default_workers() -> int:
+    """CPUs per local rank (``LOCAL_WORLD_SIZE``, default 1), at most 8."""
+    return max(0, min(_cpus_per_rank(), 8))
+
+
+def default_threads() -> int:
+    """Reader threads per local rank: its share of the CPUs (``LOCAL_WORLD_SIZE``), at least 1, at most 16."""
+    # Past ~16 threads the part of each read that holds the GIL, not the
+    # cores, would be the limit.
+    return max(1, min(_cpus_per_rank(), 16))
 
 
 def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None = None, train: bool = True,
-                 workers: int | None = None, pin_memory: bool | None = None, persistent_workers: bool = True,
-                 prefetch_factor: int = 4, drop_last: bool | None = None, start_method: str | None = None,
-                 **kw: Any) -> DataLoader:
-    """A DataLoader over ``dataset``.
+                 workers: int | None = None, threads: int | None = None, pin_memory: bool | None = None,
+                 persistent_workers: bool = True, prefetch_factor: int = 4, drop_last: bool | None = None,
+                 start_method: str | None = None, **kw: Any) -> DataLoader | ThreadedClipLoader:
+    """A loader over ``dataset``: reader threads with ``threads=N``, else a DataLoader.
 
     Defaults: ``sampler`` a ``DistributedClipSampler`` (shuffled in training,
     in order for evaluation; yields (epoch, index), so call
@@ -49,12 +65,21 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
     with a batched ``__getitems__`` gets the matching ``collate`` unless
     ``collate_fn`` is given. ``persistent_workers`` and ``prefetch_factor``
     apply only with workers.
+
+    ``threads=N`` (``workers`` must then be None or 0): a
+    ``ThreadedClipLoader`` with N reader threads (0: read in the calling
+    thread), ``prefetch_factor`` batches read ahead in all, the same sampler,
+    batches and crops; ``timeout`` (seconds to wait for one batch, default
+    300) is the one other keyword it takes. Its batches are valid until the
+    next one is asked for.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method must be None or one of {', '.join(START_METHODS)}, got {start_method!r}")
-    workers = default_workers() if workers is None else workers
+    if threads is not None and workers:
+        raise ValueError(f"threads={threads!r} and workers={workers!r}: choose reader threads or worker processes")
+    workers = (0 if threads is not None else default_workers()) if workers is None else workers
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers must be an int >= 0, got {workers!r}")
     if prefetch_factor < 1:
@@ -64,6 +89,13 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
     if sampler is None:
         seed = getattr(getattr(dataset, "preset", None), "seed", 0)
         sampler = DistributedClipSampler(len(dataset), shuffle=train, seed=seed)
+    if threads is not None:
+        extra = sorted(set(kw) - {"timeout"})
+        if extra:
+            raise ValueError(f"a threaded loader takes no {', '.join(extra)} (only timeout besides the named options)")
+        return ThreadedClipLoader(dataset, batch_size=batch_size, sampler=sampler, threads=threads,
+                                  prefetch=prefetch_factor, pin_memory=pin_memory,
+                                  drop_last=train if drop_last is None else bool(drop_last), **kw)
     if "collate_fn" not in kw and getattr(dataset, "__getitems__", None) is not None:
         kw["collate_fn"] = collate
     if workers > 0:
@@ -76,4 +108,36 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
                       drop_last=train if drop_last is None else bool(drop_last), **kw)
 
 
-__all__ = ["build_loader", "default_workers"]
+def loader_meter(loader: Any) -> Callable[[], dict]:
+    """A function returning what ``loader`` did since its previous call (the first: since it was made).
+
+    ``loader_clips_per_s``: clips its readers produced per second of reading,
+    times the number of readers: the rate it could deliver if never kept
+    waiting. ``loader_queue_depth`` (reader threads only): mean number of
+    batches ready when one was asked for, 0 to its prefetch; near 0 the loader
+    is the limit, near prefetch the consumer is. A ``DataLoader`` over a
+    ``ClipDataset`` reports clips/s (its workers add to the dataset's shared
+    counters); anything else reports nothing.
+    """
+    if isinstance(loader, ThreadedClipLoader):
+        def threaded() -> dict:
+            s = loader.stats()
+            return {"loader_clips_per_s": s["clips_per_s"], "loader_queue_depth": s["queue_depth"]}
+
+        return threaded
+    work = getattr(getattr(loader, "dataset", None), "read_work", None)
+    if not callable(work):
+        return dict
+    seen = [0, 0.0]  # the first call reports everything read since the dataset was made
+    parallel = max(1, getattr(loader, "num_workers", 0))
+
+    def processes() -> dict:
+        clips, seconds = work()
+        d_clips, d_seconds = clips - seen[0], seconds - seen[1]
+        seen[:] = clips, seconds
+        return {"loader_clips_per_s": d_clips * parallel / d_seconds if d_seconds > 0 else None}
+
+    return processes
+
+
+__all__ = ["build_loader", "default_threads", "default_workers", "loader_meter"]

@@ -36,3 +36,18 @@ def synth_videos(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("synth"))
     make_dataset(root, per_class=4, seconds=1.5, seed=7)
     return root
+
+
+TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_buck_bunny_432_433.webm",
+                                                                 "mmaction2__test.avi"]}
+
+
+@pytest.fixture()
+def tiny_tree(tmp_path, shared_videos) -> str:
+    """Class folders of symlinks to four real shared videos (read in place); per test, so tests may add to it."""
+    root = tmp_path / "src"
+    for cls, names in TINY.items():
+        (root / cls).mkdir(parents=True)
+        for name in names:
+            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+    return str(root)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import time
@@ -13,21 +14,6 @@ import pytest
 from .convert_helpers import popen_cli, run_cli
 
 # class folder -> shared files in it: a few seconds to convert in all
-TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_buck_bunny_432_433.webm",
-                                                                 "mmaction2__test.avi"]}
-
-
-@pytest.fixture()
-def tiny_tree(tmp_path, shared_videos) -> str:
-    """Class folders of symlinks to shared videos (read in place); per test, so tests may add to it."""
-    root = tmp_path / "src"
-    for cls, names in TINY.items():
-        (root / cls).mkdir(parents=True)
-        for name in names:
-            os.symlink(os.path.join(shared_videos, name), root / cls / name)
-    return str(root)
-
-
 def test_two_jobs_at_once_one_runs_the_other_names_it(tiny_tree, tmp_path):
     out = str(tmp_path / "out")
     # The hang keeps the winner busy for the timeout, so the two surely overlap.
@@ -155,14 +141,32 @@ def test_a_shard_that_cannot_start_reports_the_cause_from_its_log(tiny_tree, tmp
     out = str(tmp_path / "out")
     assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
     os.remove(os.path.join(out, "manifest.json"))  # unfinished again
-    data = os.path.join(out, "shards", "shard-00001", "data.mdb")
-    os.truncate(data, 4096)  # the first meta page only: LMDB refuses the file
+    shard = os.path.join(out, "shards", "shard-00001")
+    shutil.rmtree(shard)
+    open(shard, "w").close()  # a file where the shard's folder belongs: nothing a rerun may delete
     r = run_cli(tiny_tree, out, "--workers", "2", "--no-progress")
     assert r.returncode == 1
     log = os.path.join(out, "logs", "shard-00001.log")
-    assert r.stderr == (f"convert: error: shard-00001: shard process died while starting: lmdb.InvalidError: "
-                        f"{os.path.dirname(data)}: MDB_INVALID: File is not an LMDB file; see {log}\n")
-    assert "lmdb.InvalidError" in open(log).read().splitlines()[-1]
+    assert r.stderr == (f"convert: error: shard-00001: shard process died while starting: FileExistsError: "
+                        f"[Errno 17] File exists: '{shard}'; see {log}\n")
+    assert "FileExistsError" in open(log).read().splitlines()[-1]
+
+
+def test_an_unfinished_shard_that_cannot_be_opened_is_moved_aside_and_converted_again(tiny_tree, tmp_path):
+    out = str(tmp_path / "out")
+    assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
+    before = _manifest(out)
+    os.remove(os.path.join(out, "manifest.json"))  # unfinished again
+    data = os.path.join(out, "shards", "shard-00001", "data.mdb")
+    os.truncate(data, 4096)  # the first meta page only: LMDB refuses the file
+    r = run_cli(tiny_tree, out, "--workers", "2", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    (aside,) = os.listdir(os.path.join(out, "damaged"))
+    assert aside.startswith("shard-00001-") and os.path.getsize(os.path.join(out, "damaged", aside, "data.mdb")) == 4096
+    assert "MDB_INVALID" in r.stderr and f"moved aside to {os.path.join(out, 'damaged', aside)}" in r.stderr
+    after = _manifest(out)
+    assert [s["sha256"] for s in after["shards"]] == [s["sha256"] for s in before["shards"]]
+    assert after["totals"] == before["totals"] and run_cli("verify", out).returncode == 0
 
 
 def test_last_error_takes_the_final_exception_of_the_last_traceback():

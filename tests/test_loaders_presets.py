@@ -103,7 +103,7 @@ def test_train_crop_cuts_the_right_pixels_and_flip_really_flips():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_flip_is_exact_on_both_code_paths(threads):
-    # apply flips with torch when single-threaded (workers) and numpy otherwise (main process)
+    # the flip does not depend on torch's thread count (it once chose torch.flip or numpy by it)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -197,3 +197,47 @@ def test_to_model_input_rejects_wrong_input():
         to_model_input(torch.zeros(1, 2, 3, 4, 3), mean=(0, 0, 0), std=(1, 1, 1))
     with pytest.raises(ValueError, match="one per channel"):
         to_model_input(torch.zeros(1, 2, 3, 4, 3, dtype=torch.uint8), mean=(0, 0), std=(1, 1))
+
+
+def test_to_model_input_reuses_its_mean_std_tensors(monkeypatch):
+    """The mean/std device tensors are built once per (values, device, dtype), not per batch."""
+    from loaders import presets
+
+    mean, std = (10.0, 20.0, 30.0), (2.0, 4.0, 5.0)
+    clips = torch.arange(2 * 1 * 2 * 2 * 3, dtype=torch.uint8).reshape(2, 1, 2, 2, 3)
+    first = to_model_input(clips, mean=mean, std=std)
+    m1, s1 = presets.normalisation_tensors(mean, std, torch.device("cpu"), torch.float32)
+    made = []
+    real = torch.tensor
+    monkeypatch.setattr(presets.torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+    second = to_model_input(clips, mean=list(mean), std=list(std))  # a list with the same values hits the cache
+    m2, s2 = presets.normalisation_tensors(mean, std, torch.device("cpu"), torch.float32)
+    assert made == []  # no tensor built on the second call
+    assert m2 is m1 and s2 is s1
+    assert m1.tolist() == list(mean) and s1.tolist() == list(std)  # not modified by the in-place normalisation
+    assert torch.equal(first, second)
+    expected = (clips.double() - torch.tensor(mean, dtype=torch.float64)) / torch.tensor(std, dtype=torch.float64)
+    assert torch.allclose(second, expected.permute(0, 4, 1, 2, 3).float())
+    # Another dtype is another entry.
+    m3, _ = presets.normalisation_tensors(mean, std, torch.device("cpu"), torch.float64)
+    assert m3 is not m1 and m3.dtype == torch.float64
+
+
+def test_three_spatial_crops_along_the_long_side():
+    """spatial_crops=3: the item's epoch picks left/centre/right (wide frames) or top/centre/bottom (tall ones)."""
+    wide = ClipPreset(train=False, crop_size=32, spatial_crops=3)
+    got = [wide.params(s, 7, (16, 40, 52)) for s in range(3)]
+    assert [(p.y0, p.x0) for p in got] == [(4, 0), (4, 10), (4, 20)]  # centre y: round(8/2); x: 0, round(20/2), 20
+    assert all((p.t0, p.t, p.h, p.w, p.flip) == (0, 16, 32, 32, False) for p in got)
+    tall = [wide.params(s, 0, (16, 60, 40)) for s in range(3)]
+    assert [(p.y0, p.x0) for p in tall] == [(0, 4), (14, 4), (28, 4)]
+    # The centre view is the plain evaluation crop; one crop ignores the epoch, as before.
+    plain = ClipPreset(train=False, crop_size=32)
+    assert plain.params(5, 7, (16, 40, 52)) == got[1]
+    with pytest.raises(ValueError, match="selects the crop"):
+        wide.params(3, 0, (16, 40, 52))
+    with pytest.raises(ValueError, match="3 for evaluation only"):
+        ClipPreset(train=True, spatial_crops=3)
+    # The pixels: the right view of a clip is its last 32 columns.
+    clip = _clip((16, 40, 52, 3))
+    assert np.array_equal(apply(clip, got[2]), clip[:, 4:36, 20:52])

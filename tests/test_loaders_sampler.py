@@ -119,3 +119,63 @@ def test_sampler_validates_its_arguments():
     s = DistributedClipSampler(10)
     assert (s.num_replicas, s.rank) == (1, 0)  # no process group: one rank
     assert len(s) == 10
+
+
+# -- VideoEpochSampler: an epoch is a pass over videos ---------------------------------------------------
+
+# 10 videos of 3, 1, 5, 2, 4, 6, 2, 3, 1, 4 clips (31 clips).
+COUNTS = [3, 1, 5, 2, 4, 6, 2, 3, 1, 4]
+VIDEO_INDEX = np.repeat(np.arange(len(COUNTS)), COUNTS)
+
+
+def _video_ranks(world=2, **kw):
+    from loaders import sampler as sampler_module
+
+    return [sampler_module.VideoEpochSampler(VIDEO_INDEX, num_replicas=world, rank=r, **kw) for r in range(world)]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_video_epochs_cover_each_video_k_times_across_two_ranks(k):
+    ranks = _video_ranks(clips_per_video=k, seed=5)
+    assert [len(s) for s in ranks] == [5 * k, 5 * k]  # 10 videos x k over 2 ranks, nothing padded
+    for epoch in range(3):
+        clips = []
+        for s in ranks:
+            s.set_epoch(epoch)
+            got = list(s)
+            assert all(e == epoch for e, _ in got)
+            clips += [i for _, i in got]
+        per_video = Counter(int(VIDEO_INDEX[i]) for i in clips)
+        assert per_video == {v: k for v in range(len(COUNTS))}  # every video exactly k times
+        for v, count in enumerate(COUNTS):  # distinct clips of the video where it has k
+            mine = [i for i in clips if VIDEO_INDEX[i] == v]
+            assert len(set(mine)) == min(k, count)
+
+
+def test_video_epochs_choose_other_clips_each_epoch_and_resume_exactly():
+    (s,) = _video_ranks(world=1, clips_per_video=1, seed=5, with_epoch=False)
+    picks = [s.chosen(e)[:, 0].tolist() for e in range(4)]
+    assert len({tuple(p) for p in picks}) == 4  # different clips per epoch
+    assert len({p[5] for p in picks}) > 1  # the 6-clip video gets different clips
+    assert all(p[1] == 3 for p in picks)  # the 1-clip video always gives its only clip
+    # The choice of a video depends on (seed, epoch, video) only: the same for one rank or two.
+    two = _video_ranks(world=2, clips_per_video=1, seed=5)
+    assert np.array_equal(two[0].chosen(2), s.chosen(2))
+    # Exact resume: from position 3 the rest of the epoch, and state_dict round trip.
+    s.set_epoch(2)
+    full = list(s)
+    s.set_position(3)
+    assert list(s) == full[3:]
+    state = s.state_dict()
+    (t,) = _video_ranks(world=1, clips_per_video=1, seed=5, with_epoch=False)
+    t.load_state_dict(state)
+    assert list(t) == full[3:]
+
+
+def test_video_epochs_drop_last_and_padding_as_the_clip_sampler():
+    dropped = _video_ranks(world=3, clips_per_video=1, seed=1, drop_last=True)
+    assert [len(s) for s in dropped] == [3, 3, 3]  # 10 videos: 9 used, cut like DistributedClipSampler
+    padded = _video_ranks(world=3, clips_per_video=1, seed=1)
+    assert [len(s) for s in padded] == [4, 4, 4]
+    flat = [i for s in padded for _, i in s]
+    assert sorted(Counter(int(VIDEO_INDEX[i]) for i in flat).values()) == [1] * 8 + [2] * 2

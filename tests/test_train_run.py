@@ -23,37 +23,8 @@ import train.data
 
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
-from train.synthdata import converted_split
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> str:
-    """40 clips (20 videos x 2) of 16 x 40 x 52, five classes."""
-    base = tmp_path_factory.getbasetemp() / "train_tiny"
-    path = converted_split(str(base), "train", per_class=4, seconds=2.0, seed=7, size=(40, 52), max_clips=2,
-                           workers=2)
-    with open(os.path.join(path, "manifest.json")) as f:
-        clips = sum(s["clips"] for s in json.load(f)["shards"])
-    if clips != 40:
-        raise RuntimeError(f"tiny dataset has {clips} clips, the tests assume 40")
-    return path
-
-
-def common(data: str, out) -> list[str]:
-    return ["--data", data, "--out", str(out), "--model-width", "0.0625", "--crop-size", "32", "--workers", "0",
-            "--threads", "1", "--no-progress", "--no-tensorboard", "--log-every", "1", "--device", "cpu"]
-
-
-def final_state(out) -> dict:
-    return ckpt_io.load(ckpt_io.latest_path(str(out)))
-
-
-def assert_states_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
+from .train_fixtures import ROOT, assert_states_equal, common, final_state, subprocess_env, tiny_data  # noqa: F401
 
 
 def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):
@@ -79,7 +50,7 @@ def test_resume_after_kill_9_is_bit_identical(tiny_data, tmp_path):
     """kill -9 at whatever step (even mid-write: the rename is atomic), resume, end where an unbroken run ends."""
     args = ["--epochs", "2", "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--ckpt-every", "1"]
     run_argv(common(tiny_data, tmp_path / "a") + args)
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = subprocess_env()
     proc = subprocess.Popen([sys.executable, "-m", "train", *common(tiny_data, tmp_path / "b"), *args,
                              "--workers", "1"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -123,7 +94,7 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tiny_data, tmp_pa
     args = ["--epochs", "3", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--dropout", "0",
             "--eval-every", "0"]
     run_argv(common(tiny_data, tmp_path / "single") + args + ["--batch-size", "40"])
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "train",
            *common(tiny_data, tmp_path / "ddp"), *args, "--batch-size", "20"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -204,7 +175,14 @@ def test_device_check_smoke(tiny_data, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "clips/s" in proc.stdout and "MFU" in proc.stdout
-    assert "lmdb" in proc.stdout and "bf16" in proc.stdout
+    result = json.load(open(tmp_path / "dc" / "device_check.json"))
+    rows = {(r["loader"], r["amp"]): r for r in result["rows"]}
+    lmdb = rows[("lmdb", "bf16")]
+    assert "error" not in lmdb and lmdb["batch"] == 8 and lmdb["clips_per_s"] > 0 and 0 <= lmdb["data_wait"] <= 1
+    assert lmdb["mfu"] == pytest.approx(lmdb["clips_per_s"] * 231e9 * 0.0625 ** 2 * (32 / 112) ** 2 / 989e12)
+    assert rows[("all", "fp16")]["error"] == "fp16 needs CUDA: skipped"
+    dali = rows.get(("dali", "bf16"))
+    assert dali is not None and ("error" not in dali or "skipped" in dali["error"])
 
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):

@@ -15,14 +15,14 @@ from train import checkpoint as ckpt_io
 from train.autobatch import find_batch_size, plan_batch
 from train.metrics import EvalAccumulator, merge_eval
 from train.plots import confusion_png, curves_png
-from train.schedule import build_optimizer, build_scheduler, effective_lr, lr_factor
+from train.schedule import build_optimizer, build_scheduler, lr_factor, plan_lr, scaled_lr
 
 
 def test_step_schedule_is_the_papers():
     # 0.003 per 30 clips, /10 every 4 epochs; 10 steps per epoch.
-    assert effective_lr(0.003, 30, 30, True) == pytest.approx(0.003)
-    assert effective_lr(0.003, 240, 30, True) == pytest.approx(0.024)
-    assert effective_lr(0.003, 240, 30, False) == pytest.approx(0.003)
+    assert scaled_lr(0.003, 30, 30, "linear") == pytest.approx(0.003)
+    assert scaled_lr(0.003, 240, 30, "linear") == pytest.approx(0.024)
+    assert scaled_lr(0.003, 240, 30, "none") == pytest.approx(0.003)
     kw = dict(schedule="step", steps_per_epoch=10, total_steps=160, warmup_steps=0, step_epochs=4, gamma=0.1)
     assert lr_factor(0, **kw) == 1.0 and lr_factor(39, **kw) == 1.0
     assert lr_factor(40, **kw) == pytest.approx(0.1)
@@ -155,3 +155,157 @@ def test_colour_permutation_is_keyed_by_clip_not_batch():
         assert sorted(clip[:, 0, 0, 0].tolist()) == [0.0, 1.0, 2.0]  # a permutation, nothing lost
     seen = {tuple(c[:, 0, 0, 0].tolist()) for e in range(4) for c in colour_permutation(x, idx, epoch=e, seed=0)}
     assert len(seen) > 1
+
+
+def _plan(**kw):
+    base = dict(base_lr=0.003, global_batch=960, ref_batch=30, scaling="linear", max_lr=None, warmup_steps=None,
+                warmup_epochs=None, steps_per_epoch=250, epochs=16, schedule="step", step_epochs=4.0)
+    return plan_lr(**{**base, **kw})
+
+
+def test_lr_scaling_cap_and_default_warmup():
+    # 8 GPUs x 120 clips: linear scaling gives 0.003 x 960/30 = 0.096.
+    p = _plan()
+    assert p.lr == pytest.approx(0.096)
+    # Default warm-up: min(5, 16/4, 4/2) = 2 epochs of 250 steps, ramping from --lr (0.003/0.096 = 1/32).
+    assert p.warmup_steps == 500 and p.warmup_from == pytest.approx(1 / 32)
+    assert "0.003 x 960/30 (linear scaling" in p.why and "warm-up 500 steps (2 epochs) from --lr 0.003" in p.why
+    assert "\n" not in p.why
+    kw = dict(schedule="step", steps_per_epoch=250, total_steps=4000, warmup_steps=500, step_epochs=4.0, gamma=0.1,
+              warmup_from=1 / 32)
+    assert lr_factor(0, **kw) == pytest.approx(1 / 32 + (31 / 32) / 500)  # first step: one 500th of the way
+    assert lr_factor(249, **kw) == pytest.approx(1 / 32 + (31 / 32) * 250 / 500)
+    assert lr_factor(499, **kw) == 1.0 and lr_factor(999, **kw) == 1.0
+    assert lr_factor(1000, **kw) == pytest.approx(0.1)  # the step schedule goes on unchanged after the warm-up
+    # Square-root scaling: 0.003 x sqrt(32); cosine schedule: the warm-up is min(5, 16/4) = 4 epochs.
+    p = _plan(scaling="sqrt", schedule="cosine")
+    assert p.lr == pytest.approx(0.003 * 32 ** 0.5) and p.warmup_steps == 1000
+    assert p.warmup_from == pytest.approx(1 / 32 ** 0.5) and "sqrt(960/30)" in p.why
+    # A long cosine run warms up 5 epochs (Goyal et al.), no more.
+    assert _plan(schedule="cosine", epochs=100).warmup_steps == 1250
+    # The cap: 0.05 instead of 0.096, warm-up from 0.003/0.05.
+    p = _plan(max_lr=0.05)
+    assert p.lr == 0.05 and p.warmup_from == pytest.approx(0.06) and p.why.startswith("lr 0.05: --max-lr caps")
+    # No scaling, or a global batch at or below the reference: no warm-up unless asked.
+    assert (_plan(scaling="none").lr, _plan(scaling="none").warmup_steps) == (0.003, 0)
+    p = _plan(global_batch=16)
+    assert p.lr == pytest.approx(0.0016) and p.warmup_steps == 0
+    # An explicit warm-up wins and ramps from 0; 0 switches the default off.
+    p = _plan(warmup_steps=100)
+    assert (p.warmup_steps, p.warmup_from) == (100, 0.0)
+    assert _plan(warmup_epochs=0.5).warmup_steps == 125
+    assert _plan(warmup_steps=0).warmup_steps == 0
+    with pytest.raises(TrainError, match="--max-lr must be positive"):
+        _plan(max_lr=0)
+
+
+def test_lr_scaling_options_parse():
+    from train.args import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--data", "x"]).lr_scaling == "linear"
+    assert parser.parse_args(["--data", "x", "--no-lr-scaling"]).lr_scaling == "none"
+    assert parser.parse_args(["--data", "x", "--lr-scaling", "sqrt", "--max-lr", "0.1"]).max_lr == 0.1
+
+
+class _FakeGpu:
+    """Memory a trial step would peak at: fixed + per clip, recorded by the model's forward."""
+
+    def __init__(self, total: int, base: int, per_clip: int) -> None:
+        self.total_bytes, self.base, self.per_clip = total, base, per_clip
+        self.last = 0
+        self.resets = 0
+
+    def __deepcopy__(self, memo):
+        return self  # the probed copy of the model reports to the same fake device
+
+    def total(self, device):
+        return self.total_bytes
+
+    def reset(self, device):
+        self.resets += 1
+        self.last = 0
+
+    def peak(self, device):
+        return self.last
+
+    def release(self):
+        pass
+
+
+class _Fails(torch.nn.Module):
+    """A model whose forward raises ``error`` for batches above ``limit`` clips."""
+
+    def __init__(self, gpu: _FakeGpu, limit: int, error: Exception) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+        self.gpu, self.limit, self.error = gpu, limit, error
+        self.batches: list[int] = []
+
+    def forward(self, x):
+        n = x.shape[0]
+        self.batches.append(n)
+        if n > self.limit:
+            raise self.error
+        self.gpu.last = self.gpu.base + self.gpu.per_clip * n
+        return self.fc(x.mean(dim=(2, 3, 4)))
+
+
+@pytest.mark.parametrize("error", [
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a "
+                 "non-contiguous input."),
+    RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    RuntimeError("FIND was unable to find an engine to execute this computation"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("CUDA error: invalid configuration argument"),
+    RuntimeError("Expected canUse32BitIndexMath(input) && canUse32BitIndexMath(output) to be true"),
+    torch.AcceleratorError("CUDA error: invalid configuration argument\nCUDA kernel errors might be reported "
+                           "asynchronously"),
+], ids=["oom", "cudnn-not-supported", "cudnn-internal", "no-engine", "cublas-alloc", "launch-config", "int32-index",
+        "accelerator-error"])
+def test_auto_batch_treats_too_large_errors_as_does_not_fit(error):
+    # Memory alone would allow (9000 - 1000) // 10 = 800 clips; the kernel fails above 37.
+    gpu = _FakeGpu(total=10_000, base=1000, per_clip=10)
+    model = _Fails(gpu, limit=37, error=error)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch, details = find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"),
+                                     amp_dtype=None, channels_last=False, headroom=0.9, accum_steps=2, memory=gpu)
+    assert details["micro_batch"] == 37 and batch == 74  # the largest that ran, times the accumulation steps
+    assert details["probes"][2] == 1020 and details["probes"][4] == 1040 and details["probes"][37] == 1370
+    assert all(details["probes"][b] is None for b in details["probes"] if b > 37)
+    assert model.batches == []  # a copy was probed; the model itself never ran
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_auto_batch_reraises_other_errors():
+    gpu = _FakeGpu(total=10_000, base=1000, per_clip=10)
+    model = _Fails(gpu, limit=3, error=RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 3x4)"))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"), amp_dtype=None,
+                        channels_last=False, memory=gpu)
+    model = _Fails(gpu, limit=0, error=torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    with pytest.raises(TrainError, match="not even one clip fits"):
+        find_batch_size(model, shape=(2, 4, 4), num_classes=4, device=torch.device("cpu"), amp_dtype=None,
+                        channels_last=False, memory=gpu)
+
+
+def test_ranks_agree_on_the_smallest_batch_with_one_reduction():
+    from train.autobatch import agree_on_batch
+
+    calls = []
+
+    def reduce_min(ranks):
+        def reduce(value):
+            calls.append(value)
+            return min([value, *ranks])
+        return reduce
+
+    assert agree_on_batch(48, reduce_min([40.0, 56.0])) == 40 and calls == [48.0]
+    # A rank whose probe failed sends 0: it raises its own error, the others a pointer to it; nobody waits.
+    with pytest.raises(TrainError, match="another rank found no batch"):
+        agree_on_batch(48, reduce_min([0.0]))
+    failed = TrainError("--batch-size auto: not even one clip fits on this GPU with the chosen settings")
+    with pytest.raises(TrainError, match="not even one clip fits"):
+        agree_on_batch(failed, reduce_min([48.0]))
+    assert calls[-1] == 0.0

@@ -8,6 +8,8 @@ import os
 import torch
 
 from .errors import TrainError
+from .data import PROTOCOLS
+from .schedule import SCALINGS
 
 
 def _batch(text: str) -> int | str:
@@ -27,14 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description="Train C3D on converted clip shards. One process: python -m train --data OUT; "
                     "several: torchrun --nproc_per_node N -m train --data OUT. "
-                    "`python -m train demo` runs the synthetic end-to-end demo.")
+                    "`python -m train demo` runs the synthetic end-to-end demo; `python -m train eval --checkpoint "
+                    "CKPT --data OUT` evaluates a checkpoint.")
     g = p.add_argument_group("data")
     g.add_argument("--data", metavar="OUT", required=True, help="training conversion (folder with manifest.json)")
     g.add_argument("--val-data", metavar="OUT", help="validation conversion (default: no evaluation)")
-    g.add_argument("--loader", default="lmdb", choices=("lmdb", "dali"),
-                   help="reader: lmdb (DataLoader workers, CPU crop) or dali (GPU pipeline; needs nvidia-dali)")
+    g.add_argument("--loader", default="threads", choices=("threads", "processes", "lmdb", "dali"),
+                   help="reader: threads (default: reader threads in each training process, pinned batch ring), "
+                        "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "
+                        "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions")
     g.add_argument("--workers", type=int, default=None,
-                   help="loader processes per rank (default: CPU cores / ranks on this node, at most 8)")
+                   help="reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
+                        "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
+                        "at most 8)")
     g.add_argument("--crop-size", type=int, default=112, help="square crop fed to the model (default 112)")
     g.add_argument("--clip-len", type=int, default=None, help="frames per clip (default: the stored length)")
     g.add_argument("--downsample", type=int, default=1,
@@ -43,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--colour-permutation", action="store_true",
                    help="randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
                         "the crops); for data where colour is a nuisance, such as the synthetic demo")
+    g.add_argument("--epoch-mode", default="clips", choices=("clips", "videos"),
+                   help="clips: an epoch is every stored clip once (default); videos: an epoch is every video "
+                        "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
+                        "usual Kinetics regime; --loader lmdb)")
+    g.add_argument("--clips-per-video", type=int, default=1, help="with --epoch-mode videos (default 1)")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
     g = p.add_argument_group("model")
@@ -67,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom")
     g.add_argument("--auto-headroom", type=float, default=0.85,
                    help="with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)")
+    g.add_argument("--eval-protocol", default="clips", choices=PROTOCOLS,
+                   help="clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
+                        "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)")
+    g.add_argument("--eval-clips", type=int, default=10, help="clips per video with --eval-protocol 10x3 (default "
+                   "10; all when a video has fewer)")
     g.add_argument("--eval-batch-size", type=int, default=None, help="clips per evaluation batch (default: "
                    "--batch-size)")
     g.add_argument("--accum-steps", type=int, default=1,
@@ -74,9 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="default sgd (the paper)")
     g.add_argument("--lr", type=float, default=0.003,
                    help="learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
-                        "the paper's); scaled linearly to batch x processes unless --no-lr-scaling")
+                        "the paper's); scaled to batch x processes by --lr-scaling")
     g.add_argument("--lr-ref-batch", type=int, default=30, help="global batch --lr is given for (default 30)")
-    g.add_argument("--no-lr-scaling", action="store_true", help="use --lr as is, whatever the global batch")
+    g.add_argument("--lr-scaling", default="linear", choices=SCALINGS,
+                   help="how --lr follows the global batch: linear (default), sqrt, or none. When the result is "
+                        "above --lr and no warm-up is given, a warm-up is added (see --warmup-steps)")
+    g.add_argument("--no-lr-scaling", dest="lr_scaling", action="store_const", const="none",
+                   help="the same as --lr-scaling none")
+    g.add_argument("--max-lr", type=float, default=None, help="cap on the scaled learning rate (default: none)")
     g.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     g.add_argument("--weight-decay", type=float, default=5e-4, help="on weights, not biases (default 5e-4)")
     g.add_argument("--schedule", default="step", choices=("step", "cosine", "constant"),
@@ -85,8 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-step-epochs", type=float, default=4.0, help="step schedule period (default 4 epochs)")
     g.add_argument("--lr-gamma", type=float, default=0.1, help="step schedule factor (default 0.1)")
     warm = g.add_mutually_exclusive_group()
-    warm.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up, optimizer steps (default 0)")
-    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up, epochs")
+    warm.add_argument("--warmup-steps", type=int, default=None,
+                      help="linear warm-up from 0, in optimizer steps (default: none when the lr is --lr; when "
+                           "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
+                           "from --lr; 0 turns it off)")
+    warm.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from 0, in epochs")
+    g.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)")
     g.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default: off)")
     g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
                    help="autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
@@ -96,10 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 GradScaler: steps without overflow before the scale doubles (default 2000)")
 
     g = p.add_argument_group("run")
-    g.add_argument("--out", default="runs/c3d", help="checkpoints, metrics.jsonl, eval results, plots")
+    g.add_argument("--out", default="runs/c3d",
+                   help="folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="train from scratch into an --out that already holds a run (without it, that is refused "
+                        "unless --resume)")
     g.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint.pt when it exists (same data order, RNG and schedule); "
-                        "starts fresh when it does not, so a restart script can always pass it")
+                   help="continue from the newest checkpoint in OUT that loads (same data order, RNG and "
+                        "schedule); starts fresh when there is none, so a restart script can always pass it")
     g.add_argument("--seed", type=int, default=0, help="data order, augmentation, init and dropout (default 0)")
     g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda")
     g.add_argument("--dist-backend", default=None, choices=("nccl", "gloo"),
@@ -112,7 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
                         "~320 MB for C3D, and a memcpy per step)")
     g.add_argument("--ckpt-every", type=int, default=0,
-                   help="also checkpoint every N optimizer steps (default 0: at epoch ends and at --max-steps only)")
+                   help="also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
+                        "SIGTERM/SIGUSR1 only)")
+    g.add_argument("--keep-last", type=int, default=3,
+                   help="checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
+                        "checkpoint_best.pt the best by validation video top-1")
+    g.add_argument("--early-stop", type=int, default=None, metavar="PATIENCE",
+                   help="stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
+                        "--val-data)")
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate every N epochs (default 1; 0 = only at the end); needs --val-data")
     g.add_argument("--log-every", type=int, default=10, help="optimizer steps per metrics.jsonl line (default 10)")
@@ -121,20 +159,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=None,
                    help="CPU threads for this process's math (default: PyTorch's choice; torchrun sets 1 per "
                         "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other")
+    g.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="record a torch.profiler trace of STEPS training steps (after 2 warm-up steps) in "
+                        "OUT/profile/ (TensorBoard's profiler plugin reads it); default 0: off")
     g.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)")
     return p
 
 
-def default_workers(world_size: int) -> int:
+def default_workers(world_size: int, loader: str = "processes") -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if loader == "threads":  # threads share the process: every core of this rank's share
+        return max(1, min(16, cores // max(local, 1)))
     return max(0, min(8, cores // max(local, 1) - 1))
 
 
 def check_args(args: argparse.Namespace, device: torch.device) -> None:
     """Option combinations that cannot work, as one-line errors, before anything is built."""
     cpu = device.type != "cuda"
+    if args.loader == "lmdb":
+        args.loader = "processes"  # the old name
+    if args.profile < 0:
+        raise TrainError(f"--profile must be >= 0 steps, got {args.profile}")
     if args.amp is None:
         args.amp = "off" if cpu else "bf16"
     if cpu and args.amp == "fp16":
@@ -155,6 +202,16 @@ def check_args(args: argparse.Namespace, device: torch.device) -> None:
         raise TrainError(f"--max-steps must be at least 1, got {args.max_steps}")
     if args.eval_every < 0 or args.ckpt_every < 0 or args.log_every < 1:
         raise TrainError("--eval-every and --ckpt-every must be >= 0, --log-every >= 1")
+    if args.eval_clips < 1:
+        raise TrainError(f"--eval-clips must be at least 1, got {args.eval_clips}")
+    if args.clips_per_video < 1:
+        raise TrainError(f"--clips-per-video must be at least 1, got {args.clips_per_video}")
+    if args.keep_last < 1:
+        raise TrainError(f"--keep-last must be at least 1, got {args.keep_last}")
+    if args.early_stop is not None and (args.early_stop < 1 or not args.val_data or not args.eval_every):
+        raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        raise TrainError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0.0 <= args.dropout < 1.0:
         raise TrainError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.finetune and not os.path.isfile(args.finetune):

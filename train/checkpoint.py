@@ -4,9 +4,15 @@ A checkpoint is one ``torch.save`` of plain containers and tensors (so it
 loads with ``weights_only=True``): model, optimizer, GradScaler and scheduler
 state, the global step and epoch, the sampler's position, every RNG state
 (Python, NumPy, torch CPU and CUDA) and the class names. It is written to a
-temporary file in the same folder, flushed to disk and renamed over
-``checkpoint.pt``, so a reader sees the old checkpoint or the new one, never a
-half-written file.
+temporary file in the same folder, flushed to disk and renamed, so a reader
+sees the old checkpoint or the new one, never a half-written file.
+
+Files in OUT: ``checkpoint_step<N>.pt`` for the last ``--keep-last`` saves,
+``checkpoint.pt`` (the newest of them) and ``checkpoint_best.pt`` (the one
+with the best validation video top-1 so far). The last two are hard links to
+a step file (a copy where the filesystem has no hard links), so they cost no
+space or write time. ``--resume`` takes the newest step file that loads,
+falling back to an older one when the newest is damaged.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 import os
 import pickle
 import random
-from typing import Any
+import re
+import shutil
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -53,8 +61,95 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
+BEST = "checkpoint_best.pt"
+STEP_FILE = re.compile(r"^checkpoint_step(\d+)\.pt$")
+
+
 def latest_path(out: str) -> str:
     return os.path.join(out, LATEST)
+
+
+def best_path(out: str) -> str:
+    return os.path.join(out, BEST)
+
+
+def step_path(out: str, step: int) -> str:
+    return os.path.join(out, f"checkpoint_step{step:09d}.pt")
+
+
+def step_files(out: str) -> list[tuple[int, str]]:
+    """(step, path) of every ``checkpoint_step<N>.pt`` in ``out``, oldest first."""
+    if not os.path.isdir(out):
+        return []
+    found = [(int(m.group(1)), os.path.join(out, name)) for name in os.listdir(out)
+             if (m := STEP_FILE.match(name))]
+    return sorted(found)
+
+
+def _fsync_dir(folder: str) -> None:
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def link_atomic(src: str, dst: str) -> str:
+    """Make ``dst`` name the same file as ``src`` (a hard link, else a copy), replacing ``dst`` atomically."""
+    folder = os.path.dirname(os.path.abspath(dst))
+    tmp = os.path.join(folder, f".{os.path.basename(dst)}.tmp.{os.getpid()}")
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(folder)
+    return dst
+
+
+def save_checkpoint(obj: dict[str, Any], out: str, step: int, keep_last: int) -> str:
+    """Save as ``checkpoint_step<step>.pt``, point ``checkpoint.pt`` at it, keep the newest ``keep_last`` step files."""
+    if keep_last < 1:
+        raise TrainError(f"--keep-last must be at least 1, got {keep_last}")
+    path = save_atomic(obj, step_path(out, step))
+    link_atomic(path, latest_path(out))
+    for _, old in step_files(out)[:-keep_last]:
+        os.unlink(old)  # checkpoint_best.pt keeps its own link to the file when it is the best
+    return path
+
+
+def newest_complete(out: str, say: Callable[[str], None]) -> tuple[str, dict[str, Any]] | None:
+    """The newest checkpoint in ``out`` that loads, as (path, contents); None when there is none.
+
+    Step files newest first, then ``checkpoint.pt`` (runs saved before step
+    files existed). One that cannot be read is skipped with a one-line note.
+    """
+    candidates = [p for _, p in reversed(step_files(out))]
+    if os.path.isfile(latest_path(out)):
+        candidates.append(latest_path(out))
+    for k, path in enumerate(candidates):
+        try:
+            return path, load(path)
+        except TrainError as exc:
+            left = "trying the previous one" if k + 1 < len(candidates) else "no older checkpoint left"
+            say(f"note: {exc}; {left}")
+    if candidates:
+        raise TrainError(f"--resume: no checkpoint in {out} can be read (see the notes above); pass --overwrite "
+                         f"to start again")
+    return None
+
+
+def remove_run(out: str) -> list[str]:
+    """``--overwrite``: delete a run's checkpoints (step files, latest, best); returns their names."""
+    names = [os.path.basename(p) for _, p in step_files(out)]
+    names += [n for n in (LATEST, BEST) if os.path.isfile(os.path.join(out, n))]
+    for name in names:
+        os.unlink(os.path.join(out, name))
+    return names
 
 
 def save_atomic(obj: dict[str, Any], path: str) -> str:
@@ -71,20 +166,25 @@ def save_atomic(obj: dict[str, Any], path: str) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    # Make the rename itself durable.
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync_dir(folder)  # make the rename itself durable
     return path
+
+
+def describe_run(out: str) -> str:
+    """What of a training run ``out`` holds ("" when none): its checkpoint's step, or its metrics log."""
+    if os.path.isfile(latest_path(out)) or step_files(out):
+        return "checkpoints"
+    metrics = os.path.join(out, "metrics.jsonl")
+    if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
+        return "metrics.jsonl"
+    return ""
 
 
 def remove_stale_temps(out: str) -> list[str]:
     """Delete temporary files a killed save left behind in ``out``; returns their names."""
     if not os.path.isdir(out):
         return []
-    stale = [f for f in os.listdir(out) if f.startswith(f".{LATEST}.tmp.")]
+    stale = [f for f in os.listdir(out) if f.startswith(".checkpoint") and ".pt.tmp." in f]
     for name in stale:
         os.unlink(os.path.join(out, name))
     return stale
@@ -110,6 +210,13 @@ def model_state(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
+CLASSES_HINT = ("convert every split with one class list: python -m convert SRC OUT --classes FILE "
+                "(one class name per line)")
+# Settings that decide the shapes of the model's weights or of the optimizer's
+# state: a checkpoint saved with other values cannot be loaded into this run.
+SHAPE_SETTINGS = ("model_width", "bn", "crop_size", "downsample", "clip_len", "optimizer")
+
+
 def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
     """A resumed run must train on the classes the checkpoint was trained on, in the same order."""
     saved = ckpt.get("classes")
@@ -117,6 +224,17 @@ def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
         return
     if len(saved) != len(classes):
         raise TrainError(f"checkpoint {path} was trained on {len(saved)} classes, --data has {len(classes)} "
-                         f"(use --finetune to start a new classifier)")
+                         f"(use --finetune to start a new classifier, or {CLASSES_HINT})")
     if list(saved) != list(classes):
-        raise TrainError(f"checkpoint {path} has the same number of classes as --data but other names or order")
+        raise TrainError(f"checkpoint {path} has the same number of classes as --data but other names or order "
+                         f"({CLASSES_HINT})")
+
+
+def check_settings(ckpt: dict[str, Any], args: Any, path: str) -> None:
+    """One-line error naming every shape-deciding option that differs from the checkpoint's."""
+    saved = ckpt.get("args") or {}
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (this run: {getattr(args, k)})" for k in SHAPE_SETTINGS
+              if k in saved and saved[k] != getattr(args, k)]
+    if differ:
+        raise TrainError(f"checkpoint {path} was saved with " + ", ".join(differ)
+                         + ": pass the checkpoint's values to resume, or another --out to start a new run")

@@ -63,7 +63,7 @@ def demo(out: str, *, workers: int = 1, threads: int | None = None, extra: list[
 
     train, val = ensure_data(out, workers=0)
     run_dir = os.path.join(out, "train")
-    argv = ["--data", train, "--val-data", val, "--out", run_dir, "--workers", str(workers), *RECIPE]
+    argv = ["--data", train, "--val-data", val, "--out", run_dir, "--workers", str(workers), "--overwrite", *RECIPE]
     if threads:
         argv += ["--threads", str(threads)]
     argv += extra or []
@@ -75,20 +75,10 @@ def demo(out: str, *, workers: int = 1, threads: int | None = None, extra: list[
 
 
 def report(summary: dict) -> None:
-    ev = summary["eval"]
-    files = summary["eval_files"]
-    print()
-    print(f"trained {summary['step']} steps in {summary['train_seconds']:.0f} s "
-          f"({summary.get('clips_per_s', 0):.1f} clips/s)")
-    print(f"validation: clip top-1 {ev['clip_top1']:.1%}, video top-1 {ev['video_top1']:.1%} "
-          f"({ev['videos']} videos, {ev['clips']} clips; chance {1 / len(ev['classes']):.0%})")
-    for name, pc in ev["per_class"].items():
-        print(f"  {name:12s} video acc {pc['video_acc']:.0%}  clip acc {pc['clip_acc']:.0%}")
-    print(f"checkpoint:        {summary['checkpoint']}")
-    print(f"metrics:           {summary['metrics']}")
-    print(f"curves:            {summary['curves']}")
-    print(f"eval results:      {files['json']}")
-    print(f"confusion matrix:  {files['confusion_png']}")
+    """The run's summary with per-class accuracy (``train.main.print_summary``)."""
+    from .main import print_summary
+
+    print_summary(summary, per_class=True)
 
 
 def main(argv: list[str]) -> int:

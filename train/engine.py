@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -14,6 +16,8 @@ from torch import nn
 
 from . import dist
 from .data import EvalData, TrainData, to_model_input
+from .errors import TrainError
+from .gpustats import GpuStats, format_gpu
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 
@@ -24,6 +28,46 @@ class TrainState:
     step: int = 0  # optimizer steps done in the whole run
     epoch: int = 0  # the epoch in progress (or the next one, at a boundary)
     epoch_step: int = 0  # optimizer steps done in this epoch
+    nonfinite: int = 0  # steps whose loss was inf or NaN (fp16: skipped by the GradScaler)
+
+
+@dataclass
+class BestTracker:
+    """The best validation video top-1 so far, its step, and evaluations since (for ``--early-stop``)."""
+
+    patience: int | None = None
+    best: float | None = None
+    best_step: int | None = None
+    since: int = 0  # evaluations without improvement since the best
+
+    def update(self, value: float, step: int) -> bool:
+        """Record an evaluation; True when it is a new best (strictly better)."""
+        if self.best is None or value > self.best:
+            self.best, self.best_step, self.since = value, step, 0
+            return True
+        self.since += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.patience is not None and self.since >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "best_step": self.best_step, "since": self.since}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state:
+            self.best, self.best_step, self.since = state["best"], state["best_step"], int(state["since"])
+
+
+class StopRequest:
+    """Set by a signal handler (SIGTERM/SIGUSR1: preemption); the loop stops at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.signal = signal.Signals(signum).name
 
 
 @dataclass
@@ -41,6 +85,10 @@ class StepConfig:
     ckpt_every: int = 0
     log_every: int = 10
     progress: bool = False
+    main: bool = True  # this rank prints notes
+    stop: StopRequest | None = None
+    gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
+    profiler: Any = None  # profiling.StepProfiler: told of each step
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -75,8 +123,10 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                     data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
-                    save: Callable[[TrainState], None], world_size: int = 1) -> bool:
-    """Run the rest of ``state.epoch``; returns True when ``--max-steps`` stopped it.
+                    save: Callable[[TrainState], None], world_size: int = 1) -> str | None:
+    """Run the rest of ``state.epoch``; returns why it stopped early (``"max_steps"``, ``"signal SIGTERM"``) or None.
+
+    Either way the checkpoint of the last step is saved before returning.
 
     ``model`` is what is called (maybe compiled), ``ddp`` the DistributedDataParallel
     wrapper inside it or None. A batch is one optimizer step for this rank; it
@@ -93,17 +143,20 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         bar = tqdm(total=data.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}",
                    dynamic_ncols=True, leave=False)
     loss_acc = torch.zeros((), device=device)
-    window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
+    window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
     it = iter(data)
+    stop = None
     for _ in range(remaining):
         t0 = time.perf_counter()
         try:
-            batch = next(it)
+            with torch.profiler.record_function("loader_wait"):
+                batch = next(it)
         except StopIteration:  # a reader with fewer batches than announced: end the epoch here
             break
         window["wait"] += time.perf_counter() - t0
         clips, labels = batch["clip"], batch["label"]
         optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
         chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
                           batch["index"].chunk(cfg.accum_steps)))
         for j, (xc, yc, ic) in enumerate(chunks):
@@ -120,7 +173,11 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
                 # accumulated gradient is the mean over the whole batch.
                 loss = criterion(out.float(), y) / len(chunks)
                 scaler.scale(loss).backward()
-            loss_acc += loss.detach()
+            step_loss += loss.detach()
+        finite, stop = _step_flags(step_loss, scaler, state, cfg)
+        if finite:
+            loss_acc += step_loss
+            window["finite"] += 1
         if cfg.clip_grad_norm:
             scaler.unscale_(optimizer)
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
@@ -132,19 +189,55 @@ def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Modul
         window["steps"] += 1
         if bar is not None:
             bar.update(1)
-        stop = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if window["steps"] >= cfg.log_every or stop or state.epoch_step == data.steps_per_epoch:
+        if cfg.profiler is not None:
+            cfg.profiler.step()
+        at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
             _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
             loss_acc.zero_()
-            window = {"steps": 0, "wait": 0.0, "start": time.perf_counter()}
-        if stop:
+            window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
+        if at_max or stop:
             save(state)
             break
         if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
             save(state)
     if bar is not None:
         bar.close()
-    return cfg.max_steps is not None and state.step >= cfg.max_steps
+    if stop:
+        return f"signal {stop}"
+    return "max_steps" if cfg.max_steps is not None and state.step >= cfg.max_steps else None
+
+
+def _step_flags(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: TrainState,
+                cfg: StepConfig) -> tuple[bool, str | None]:
+    """(this step's loss is finite on every rank, the signal that asks every rank to stop, or None).
+
+    One host sync per step (the loss value), and under torchrun one tiny
+    all-reduce, so every rank takes the same branch at the same step: a signal
+    that reached one rank stops them all after this step. A non-finite loss is
+    counted. With fp16 it gives non-finite gradients, which the GradScaler skips
+    (and lowers its scale for), so the step is noted and the run goes on; it is
+    not added to the logged loss. With bf16 or fp32 nothing would stop it
+    poisoning the weights: the run stops before the update, naming the step.
+    """
+    value = float(step_loss)
+    asked = cfg.stop.signal if cfg.stop is not None else None
+    signum = float(signal.Signals[asked].value) if asked else 0.0
+    bad, signum = dist.all_reduce([0.0 if math.isfinite(value) else 1.0, signum], cfg.device, op="max")
+    stop = signal.Signals(int(signum)).name if signum else None
+    if not bad:
+        return True, stop
+    state.nonfinite += 1
+    where = f"step {state.step + 1} (epoch {state.epoch}, step {state.epoch_step + 1} of it)"
+    if not scaler.is_enabled():
+        amp = {torch.bfloat16: "bf16", None: "off"}.get(cfg.amp_dtype, str(cfg.amp_dtype))
+        raise TrainError(f"non-finite training loss ({value}) at {where} with --amp {amp}; stopped before the "
+                         f"update. Lower --lr (or set --max-lr), add --clip-grad-norm, and resume from the last "
+                         f"checkpoint")
+    if cfg.main:
+        print(f"note: non-finite training loss ({value}) at {where}; the fp16 GradScaler skips its update "
+              f"({state.nonfinite} such step(s) in this run)", flush=True)
+    return False, stop
 
 
 def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Optimizer,
@@ -159,26 +252,36 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
     (slowest,) = dist.all_reduce([elapsed], cfg.device, op="max")
     record = {
         "kind": "train", "step": state.step, "epoch": state.epoch + state.epoch_step / data.steps_per_epoch,
-        "loss": loss_sum / (steps * world_size), "lr": optimizer.param_groups[0]["lr"],
+        # Mean over the window's finite steps (a skipped fp16 step adds nothing to loss_sum).
+        "loss": loss_sum / (window["finite"] * world_size) if window["finite"] else float("nan"),
+        "lr": optimizer.param_groups[0]["lr"],
         "clips_per_s": steps * data.batch_size * world_size / max(slowest, 1e-9),
         "data_wait_frac": wait_sum / world_size / max(elapsed, 1e-9),
         "step_time_s": elapsed / steps, "peak_mem_mb": peak_memory_mb(cfg.device),
+        **data.loader_stats(),  # this rank's loader: loader_clips_per_s, loader_queue_depth where known
     }
     if scaler.is_enabled():
         record["grad_scale"] = float(scaler.get_scale())
+    if state.nonfinite:
+        record["nonfinite_steps"] = state.nonfinite
+    gpu = cfg.gpu.sample() if cfg.gpu is not None else {}
+    record.update(gpu)
     log.log(record)
     if bar is not None:
+        extra = {"gpu": format_gpu(gpu)[4:]} if gpu else {}
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                        clips_s=f"{record['clips_per_s']:.1f}", wait=f"{record['data_wait_frac']:.0%}")
+                        clips_s=f"{record['clips_per_s']:.1f}", wait=f"{record['data_wait_frac']:.0%}", **extra)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: torch.dtype | None, *,
-             channels_last: bool = False, downsample: int = 1, progress: bool = False) -> dict[str, Any]:
+             channels_last: bool = False, downsample: int = 1, progress: bool = False,
+             features: bool = False) -> dict[str, Any]:
     """Clip and video accuracy over all of ``data``, gathered from every rank.
 
     ``model`` must be the plain module, not the DDP wrapper: ranks hold
     different numbers of clips, and DDP's forward may talk to the other ranks.
+    With ``features`` (a C3D) the per-video mean fc6/fc7 go into ``video_scores`` too.
     """
     was_training = model.training
     model.eval()
@@ -193,10 +296,17 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
     for batch in it:
         x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
         y = batch["label"].to(device, non_blocking=True)
+        feats = None
         with _autocast(device, amp_dtype):
-            logits = model(x)
+            if features:
+                fc6, fc7, logits = model.forward_with_features(x)
+                feats = {"fc6": fc6, "fc7": fc7}
+            else:
+                logits = model(x)
         logits = logits.float()
-        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)))
+        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)), feats)
     states = dist.all_gather_object(acc.state())
     model.train(was_training)
-    return merge_eval(states, data.classes)
+    result = merge_eval(states, data.classes, keep_scores=True)
+    result["protocol"] = dict(data.protocol)
+    return result

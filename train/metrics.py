@@ -30,7 +30,10 @@ class EvalAccumulator:
         self.class_total = np.zeros(num_classes, np.int64)
         self.videos: dict[str, dict[str, Any]] = {}
 
-    def add(self, logits: torch.Tensor, labels: torch.Tensor, video_ids: list[str], loss_sum: float) -> None:
+    def add(self, logits: torch.Tensor, labels: torch.Tensor, video_ids: list[str], loss_sum: float,
+            features: dict[str, torch.Tensor] | None = None) -> None:
+        """One batch of views; ``features`` (name -> (N, F)) are summed per video too, in float32."""
+        feats = {k: v.detach().float().cpu().numpy() for k, v in (features or {}).items()}
         logits = logits.detach().float().cpu()
         labels = labels.cpu()
         k = min(5, self.c)
@@ -49,9 +52,12 @@ class EvalAccumulator:
             if v is None:
                 v = self.videos[vid] = {"label": int(labels[j]), "prob": np.zeros(self.c), "logit": np.zeros(self.c),
                                         "n": 0}
+                v.update({k: np.zeros(f.shape[1], np.float32) for k, f in feats.items()})
             v["prob"] += probs[j]
             v["logit"] += logs[j]
             v["n"] += 1
+            for k, f in feats.items():
+                v[k] += f[j]
 
     def state(self) -> dict[str, Any]:
         """What a rank sends to the others."""
@@ -59,8 +65,12 @@ class EvalAccumulator:
                 "class_correct": self.class_correct, "class_total": self.class_total, "videos": self.videos}
 
 
-def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, Any]:
-    """Clip top-1/top-5, video accuracy (mean softmax and mean logits), per-class accuracy, confusion matrix."""
+def merge_eval(states: list[dict[str, Any]], classes: list[str], keep_scores: bool = False) -> dict[str, Any]:
+    """Clip top-1/top-5, video accuracy (mean softmax and mean logits), per-class accuracy, confusion matrix.
+
+    With ``keep_scores`` the result also holds ``video_scores``: video ids (sorted), labels and mean
+    softmax as arrays (for export; ``train.main.save_eval`` leaves them out of the JSON).
+    """
     c = len(classes)
     clips = sum(s["clips"] for s in states)
     if clips == 0:
@@ -70,11 +80,11 @@ def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, An
         for vid, v in s["videos"].items():
             have = videos.get(vid)
             if have is None:
-                videos[vid] = {"label": v["label"], "prob": v["prob"].copy(), "logit": v["logit"].copy(), "n": v["n"]}
+                videos[vid] = {k: (x.copy() if isinstance(x, np.ndarray) else x) for k, x in v.items()}
             else:
-                have["prob"] += v["prob"]
-                have["logit"] += v["logit"]
-                have["n"] += v["n"]
+                for k, x in v.items():
+                    if k != "label":
+                        have[k] += x
     class_correct = sum(s["class_correct"] for s in states)
     class_total = sum(s["class_total"] for s in states)
     labels = np.array([v["label"] for v in videos.values()], np.int64)
@@ -108,7 +118,22 @@ def merge_eval(states: list[dict[str, Any]], classes: list[str]) -> dict[str, An
         "per_class": per_class,
         "classes": list(classes),
         "confusion": confusion.tolist(),
-    }
+    } | ({"video_scores": _scores(videos)} if keep_scores else {})
+
+
+FEATURES = ("fc6", "fc7")
+
+
+def _scores(videos: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per video (sorted by id): label, mean softmax, view count, and mean features when they were collected."""
+    ids = sorted(videos)
+    out = {"video_ids": np.array(ids), "labels": np.array([videos[v]["label"] for v in ids], np.int64),
+           "probs": np.stack([videos[v]["prob"] / videos[v]["n"] for v in ids]),
+           "views": np.array([videos[v]["n"] for v in ids], np.int64)}
+    for k in FEATURES:
+        if ids and k in videos[ids[0]]:
+            out[k] = np.stack([videos[v][k] / np.float32(videos[v]["n"]) for v in ids])
+    return out
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -127,11 +127,15 @@ class C3D(nn.Module):
         nn.init.normal_(self.fc8.weight, std=0.01)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_features(x)[2]
+
+    def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(fc6, fc7, logits): fc6 and fc7 after their ReLU, before dropout (the C3D paper's video features)."""
         x = self.features(x)
         x = torch.flatten(x, 1)
-        x = self.dropout(self.relu(self.fc6(x)))
-        x = self.dropout(self.relu(self.fc7(x)))
-        return self.fc8(x)
+        fc6 = self.relu(self.fc6(x))
+        fc7 = self.relu(self.fc7(self.dropout(fc6)))
+        return fc6, fc7, self.fc8(self.dropout(fc7))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,7 +1,8 @@
 """PNG figures: the confusion matrix and the loss/accuracy curves.
 
-matplotlib draws them when it is installed (an optional dependency);
-otherwise Pillow draws plainer versions, so a run always leaves its pictures.
+matplotlib (a dependency of the package since its figures stay readable at
+any class count) draws them; where it is missing anyway, Pillow draws plainer
+versions, so a run always leaves its pictures.
 """
 
 from __future__ import annotations

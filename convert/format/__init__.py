@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import (DATA_KEYS, STATUSES, ShardReader, ShardWriter, VideoRecord, WriterOptions, check_shard_meta,
-                   shard_meta, sort_records)
+from .base import (DATA_KEYS, STATUSES, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord,
+                   WriterOptions, check_shard_meta, shard_meta, sort_records)
 from .codecs import (CODECS_BY_ID, WRITE_CODECS, Codec, codec_for_id, codec_of_manifest, get_codec)
-from .layout import (FORMAT_NAME, FORMAT_VERSION, HEADER_SIZE, LOG_DIR, MANIFEST, PLAN, PROGRESS_DIR, REPORT,
+from .layout import (DAMAGED_DIR, FORMAT_NAME, FORMAT_VERSION, HEADER_SIZE, LOCK, LOG_DIR, MANIFEST, PLAN, PROGRESS_DIR, REPORT,
                      SHARD_DIR, ClipHeader, FormatError, ShardMissing, check_crc, check_plan, read_manifest, shard_name, unpack_header)
-from .lmdb import LmdbReader, LmdbWriter, StoreFullError
+from .lmdb import LmdbReader, LmdbWriter
 from .tfrecord import TFRecordReader, TFRecordWriter
 
 
@@ -45,9 +45,9 @@ def open_shard(backend: str, path: str) -> ShardReader:
 
 
 __all__ = [
-    "BACKENDS", "CODECS_BY_ID", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOG_DIR", "MANIFEST",
+    "BACKENDS", "CODECS_BY_ID", "DAMAGED_DIR", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOCK", "LOG_DIR", "MANIFEST",
     "PLAN", "PROGRESS_DIR", "REPORT", "SHARD_DIR", "STATUSES", "WRITE_CODECS", "Backend", "ClipHeader", "Codec",
-    "FormatError", "ShardMissing", "ShardReader", "ShardWriter", "StoreFullError", "VideoRecord", "WriterOptions", "check_crc",
+    "FormatError", "ShardDamaged", "ShardMissing", "ShardReader", "ShardWriter", "StoreError", "StoreFullError", "VideoRecord", "WriterOptions", "check_crc",
     "check_plan", "check_shard_meta", "codec_for_id", "codec_of_manifest", "get_backend", "get_codec", "open_shard",
     "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
 ]

@@ -112,6 +112,21 @@ def headers_checksum(headers: Iterator[bytes | memoryview]) -> str:
 ClipProducer = Generator[tuple[int, int, np.ndarray], None, VideoRecord]
 
 
+class ShardDamaged(FormatError):
+    """A shard that cannot be opened for writing: its files are damaged (truncated, overwritten)."""
+
+
+class StoreError(OSError):
+    """The store failed to write (I/O error, damaged store): a problem of the machine, never of the video."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # the message already says what; no "[Errno 28]" prefix
+
+
+class StoreFullError(StoreError):
+    """No room on the device for the next video."""
+
+
 @dataclass(frozen=True)
 class WriterOptions:
     """How a writer stores (never what): LMDB map size and compaction, TFRecord file size."""
@@ -158,6 +173,8 @@ class ShardWriter:
             try:
                 clip_index, start, frames = next(gen)
             except StopIteration as stop:
+                if stop.value.video_id != video_id:
+                    raise ValueError(f"the clips of {video_id!r} came with a record of {stop.value.video_id!r}")
                 return stop.value
             header, payload = self.encode(video_id, label, clip_index, start, frames)
             put(clip_index, header, payload)

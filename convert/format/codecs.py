@@ -193,13 +193,23 @@ class PerFrameCodec(Codec):
         """Frame ``j`` from its part, as uint8 (H, W, C); FormatError when it does not decode to that."""
         raise NotImplementedError
 
+    def decode_frame_into(self, part: memoryview, shape: tuple[int, ...], j: int, out: np.ndarray) -> None:
+        """Frame ``j`` from its part, written into ``out`` (uint8 (H, W, C)); codecs that can decode in
+        place override it."""
+        out[...] = self.decode_frame(part, shape, j)
+
     def window(self, payload, shape, t0, t, out=None):
+        # Each frame is decoded straight into its row of ``out``: a fresh array
+        # per frame, freed at once, costs page faults and, with several reader
+        # threads in one process, stalls them all (measured: LZ4 through one
+        # bytes object per frame scaled 1.07x on 2 threads, decoded in place
+        # 1.37x).
         payload = memoryview(payload)
         offsets, sizes = self.parts(payload, shape)
         out = _window_out(shape, t0, t, out)
+        starts, lengths = offsets[t0:t0 + t].tolist(), sizes[t0:t0 + t].tolist()
         for k in range(t):
-            a = int(offsets[t0 + k])
-            out[k] = self.decode_frame(payload[a:a + int(sizes[t0 + k])], shape, t0 + k)
+            self.decode_frame_into(payload[starts[k]:starts[k] + lengths[k]], shape, t0 + k, out[k])
         return out
 
 
@@ -219,14 +229,24 @@ class Lz4FramesCodec(PerFrameCodec):
         return _pack_parts([lz4.block.compress(frame, store_size=False) for frame in clip])
 
     def decode_frame(self, part, shape, j):
+        out = np.empty(tuple(shape[1:]), dtype=np.uint8)
+        self.decode_frame_into(part, shape, j, out)
+        return out
+
+    def decode_frame_into(self, part, shape, j, out):
+        # cramjam decompresses an LZ4 block into the caller's memory without the
+        # GIL; python-lz4 returns a new bytes object per frame (see window).
+        import cramjam
+
         frame = shape[1] * shape[2] * shape[3]
+        if not out.flags.c_contiguous:
+            return super().decode_frame_into(part, shape, j, out)
         try:
-            raw = lz4.block.decompress(part, uncompressed_size=frame)
-        except lz4.block.LZ4BlockError as exc:
+            n = cramjam.lz4.decompress_block_into(part, out.reshape(-1), output_len=frame)
+        except cramjam.DecompressionError as exc:
             raise FormatError(f"lz4 frame {j} does not decompress to {frame} bytes: {exc}") from exc
-        if len(raw) != frame:
-            raise FormatError(f"lz4 frame {j} decompressed to {len(raw)} bytes, needs {frame}")
-        return np.frombuffer(raw, dtype=np.uint8).reshape(shape[1:])
+        if n != frame:
+            raise FormatError(f"lz4 frame {j} decompressed to {n} bytes, needs {frame}")
 
     def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
         fn, types = _dali()
@@ -240,8 +260,8 @@ class JpegCodec(PerFrameCodec):
     Payload: uint32 LE frame count N, N uint32 LE frame byte lengths, then the
     N JPEG files back to back (quality 90, 4:2:0 chroma). Pixels are defined
     by libjpeg-turbo's default decoding (islow IDCT, fancy upsampling), which
-    Pillow and DALI's CPU decoder both give bit for bit; nvJPEG on the GPU
-    differs by a grey level or two.
+    simplejpeg (the reader here), Pillow and DALI's CPU decoder all give bit
+    for bit; nvJPEG on the GPU differs by a grey level or two.
     """
 
     name, id, lossless, decode_on_host, dali_uses_shape = "jpeg", 2, False, True, False
@@ -262,18 +282,32 @@ class JpegCodec(PerFrameCodec):
         return _pack_parts(frames)
 
     def decode_frame(self, part, shape, j):
-        from PIL import Image
+        # simplejpeg: libjpeg-turbo (bundled in its wheel) called without the
+        # GIL, with its default islow IDCT and fancy upsampling, so the pixels
+        # are Pillow's bit for bit (tested). Measured per 128x171 frame on one
+        # core: simplejpeg 13,100 frames/s, PyTurboJPEG 1.x 8,800 (needs a
+        # system libturbojpeg; 2.x needs libjpeg-turbo 3), Pillow 4,500.
+        import simplejpeg
 
         try:
-            img = Image.open(io.BytesIO(part))
-            if img.mode != "RGB":
-                img = img.convert("RGB")
-            arr = np.asarray(img)
-        except OSError as exc:  # PIL's error for undecodable data
+            arr = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
+        except ValueError as exc:  # simplejpeg's error for undecodable data (strict: warnings too)
             raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
         if arr.shape != tuple(shape[1:]):
             raise FormatError(f"jpeg frame {j} is {arr.shape}, header says {tuple(shape[1:])}")
         return arr
+
+    def decode_frame_into(self, part, shape, j, out):
+        import simplejpeg
+
+        if out.flags.c_contiguous and out.shape == tuple(shape[1:]):
+            try:
+                arr = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False, buffer=out)
+                if arr.shape == out.shape:
+                    return
+            except ValueError:
+                pass  # undecodable, or larger than the frame: decode_frame says which
+        out[...] = self.decode_frame(part, shape, j)
 
     def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
         fn, types = _dali()

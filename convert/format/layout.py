@@ -22,6 +22,8 @@ REPORT = "report.jsonl"
 SHARD_DIR = "shards"
 LOG_DIR = "logs"
 PROGRESS_DIR = ".progress"
+LOCK = ".lock"  # held (flock) by the job converting into OUT, and naming it
+DAMAGED_DIR = "damaged"  # unfinished shards that could not be opened, moved aside and converted again
 
 try:
     # The same CRC-32 as zlib's (ISO-HDLC polynomial), in zlib-ng's vectorised
@@ -67,6 +69,10 @@ def read_manifest(root: str) -> dict:
         raise FormatError(f"{path}: format version {manifest.get('format_version')} is not one this reader knows "
                           f"({', '.join(map(str, READABLE_VERSIONS))})")
     manifest.setdefault("backend", "lmdb")  # version 1 had one backend
+    classes = manifest.get("classes")
+    if not isinstance(classes, list) or manifest.get("num_classes") != len(classes):
+        raise FormatError(f"{path}: num_classes {manifest.get('num_classes')} but "
+                          f"{len(classes) if isinstance(classes, list) else 'no'} class names")
     return manifest
 
 

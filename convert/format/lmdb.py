@@ -23,8 +23,8 @@ from typing import Callable, Iterator, Sequence
 
 import lmdb
 
-from .base import (MAX_RECORD_BYTES, ClipProducer, ShardReader, ShardWriter, VideoRecord, Visitor, WriterOptions,
-                   headers_checksum)
+from .base import (MAX_RECORD_BYTES, ClipProducer, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord,
+                   Visitor, WriterOptions, headers_checksum)
 from .layout import FormatError, ShardMissing, header_len, unpack_header
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,6 @@ def clip_key(video_id: str, clip_index: int) -> bytes:
 def done_key(video_id: str) -> bytes:
     """Key of the per-video record committed with the video's clips."""
     return DONE_PREFIX + video_id.encode("utf-8")
-
-
-class StoreFullError(OSError):
-    """No room on the device for the next video: a problem of the machine, never of the video."""
 
 
 class ShardTruncated(OSError):
@@ -172,6 +168,13 @@ class LmdbWriter(ShardWriter):
         super().__init__(path=path, codec=codec, meta=meta, options=options)
         self._recover_compaction()
         os.makedirs(path, exist_ok=True)
+        if os.path.exists(os.path.join(path, DATA_FILE)):
+            # A damaged file (truncated, not LMDB) must fail here with its
+            # cause: writing into it could SIGBUS on pages past its end.
+            try:
+                _open_checked(path).close()
+            except (lmdb.Error, ShardTruncated) as exc:
+                raise ShardDamaged(f"{path}: cannot be opened: {type(exc).__name__}: {exc}") from exc
         # No fsync per commit: after kill -9 a committed transaction is still
         # whole (the page cache holds it) and an uncommitted one is absent; only
         # a machine crash could lose recent videos, which a rerun redoes. The
@@ -208,8 +211,8 @@ class LmdbWriter(ShardWriter):
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 free = shutil.disk_usage(self.path).free
                 raise StoreFullError(exc.errno, f"no space left for shard {self.path}: it needs "
-                                     f"{size - self._reserved} more bytes, the device has {free} free") from None
-            raise
+                                     f"{size - self._reserved} more bytes, the device has {free} bytes free") from None
+            raise StoreError(exc.errno, f"reserving space for shard {self.path} failed: {exc.strerror}") from None
         finally:
             os.close(fd)
         self._reserved = size
@@ -262,6 +265,10 @@ class LmdbWriter(ShardWriter):
                 txn.abort()
                 gen.close()
                 self._grow(need)
+            except lmdb.Error as exc:  # the store failed, not the video: nothing of it is committed
+                txn.abort()
+                gen.close()
+                raise StoreError(f"{self.path}: LMDB write failed: {exc}") from exc
             except BaseException:
                 txn.abort()
                 gen.close()
@@ -446,7 +453,11 @@ class LmdbReader(ShardReader):
     def clip_keys(self) -> int:
         """Number of ``c/`` keys actually stored (verify compares it with the records)."""
         with self._txn() as txn:
-            return sum(1 for _ in iter_prefix(txn, CLIP_PREFIX))
+            cur = txn.cursor()
+            if not cur.set_range(CLIP_PREFIX):
+                return 0
+            # Keys only: a damaged value size must not be followed (it could point past the file).
+            return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
 
     def checksum(self, version: int) -> str:
         if version >= 2:

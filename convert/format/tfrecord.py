@@ -28,16 +28,16 @@ import json
 import mmap
 import os
 import re
+import shutil
 import struct
 import threading
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .base import ClipProducer, ShardReader, ShardWriter, VideoRecord, Visitor, WriterOptions, headers_checksum, \
-    sort_records
+from .base import (ClipProducer, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord, Visitor,
+                   WriterOptions, headers_checksum, sort_records)
 from .layout import FormatError, ShardMissing, unpack_header
-from .lmdb import StoreFullError
 
 META_FILE = "shard.json"
 COMPLETE_FILE = "complete.json"
@@ -284,12 +284,18 @@ class TFRecordWriter(ShardWriter):
         super().__init__(path=path, codec=codec, meta=meta, options=options)
         os.makedirs(path, exist_ok=True)
         meta_path = os.path.join(path, META_FILE)
-        if os.path.exists(meta_path):
-            with open(meta_path) as fh:
-                self.check_meta(json.load(fh))
-        else:
+        stored = None
+        try:
+            if os.path.exists(meta_path):
+                with open(meta_path) as fh:
+                    stored = json.load(fh)
+            self._parts = _committed_parts(path)
+        except ValueError as exc:  # JSON that does not parse; FormatError is a ValueError too
+            raise ShardDamaged(f"{path}: cannot be opened: {exc}") from exc
+        if stored is None:
             _write_json_atomic(meta_path, meta)
-        self._parts = _committed_parts(path)
+        else:
+            self.check_meta(stored)
         committed = {p["part"] for p in self._parts}
         for name in os.listdir(path):
             m = _PART.match(name)
@@ -329,8 +335,10 @@ class TFRecordWriter(ShardWriter):
             gen.close()
             part.rewind(size, records)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFullError(exc.errno, f"no space left for shard {self.path}: {exc.strerror}") from None
-            raise
+                free = shutil.disk_usage(self.path).free
+                raise StoreFullError(exc.errno, f"no space left for shard {self.path}: writing it failed with "
+                                     f"{exc.strerror}; the device has {free} bytes free") from None
+            raise StoreError(exc.errno, f"writing shard {self.path} failed: {exc.strerror}") from None
         except BaseException:
             gen.close()
             part.rewind(size, records)

@@ -1,0 +1,88 @@
+"""Checkpoints of long runs: rotation, the best one, resume from the newest complete one, SIGTERM, early stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from train import checkpoint as ckpt_io
+from train.main import run_argv
+from train.metrics import read_metrics
+
+from .train_fixtures import ROOT, assert_states_equal, common, final_state, subprocess_env, tiny_data  # noqa: F401
+
+# 40 clips, batch 8: 5 steps per epoch.
+ARGS = ["--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--ckpt-every", "1"]
+
+
+def _names(out) -> list[str]:
+    return sorted(f for f in os.listdir(out) if f.endswith(".pt"))
+
+
+def test_rotation_keeps_the_last_k_and_the_best(tiny_data, tmp_path):
+    """lr 0: the first evaluation is the best and nothing improves on it."""
+    out = tmp_path / "rot"
+    s = run_argv(common(tiny_data, out) + ARGS + ["--lr", "0", "--epochs", "2", "--keep-last", "2",
+                                                 "--val-data", tiny_data])
+    assert s["step"] == 10
+    assert _names(out) == ["checkpoint.pt", "checkpoint_best.pt", "checkpoint_step000000009.pt",
+                           "checkpoint_step000000010.pt"]
+    assert os.path.samefile(out / "checkpoint.pt", out / "checkpoint_step000000010.pt")  # a link, not a copy
+    best = ckpt_io.load(str(out / "checkpoint_best.pt"))
+    assert best["step"] == 5 and best["best"] == {"best": s["eval"]["video_top1"], "best_step": 5, "since": 0}
+    assert final_state(out)["best"]["since"] == 1
+
+
+def test_resume_falls_back_when_the_newest_is_damaged(tiny_data, tmp_path, capsys):
+    out = tmp_path / "dmg"
+    run_argv(common(tiny_data, out) + ARGS + ["--epochs", "2", "--max-steps", "4"])
+    newest = out / "checkpoint_step000000004.pt"
+    with open(newest, "r+b") as fh:  # truncated, as a copy interrupted by a full disk would leave it
+        fh.truncate(os.path.getsize(newest) // 2)
+    capsys.readouterr()
+    run_argv(common(tiny_data, out) + ARGS + ["--epochs", "2", "--max-steps", "5", "--resume"])
+    text = capsys.readouterr().out
+    notes = [line for line in text.splitlines() if line.startswith("note: checkpoint")]
+    assert len(notes) == 1 and "checkpoint_step000000004.pt cannot be read" in notes[0]
+    assert "trying the previous one" in notes[0]
+    assert "resumed from" in text and "checkpoint_step000000003.pt at step 3" in text
+    assert final_state(out)["step"] == 5
+
+
+def test_sigterm_saves_at_the_next_step_and_resumes_exactly(tiny_data, tmp_path):
+    """SIGTERM to the trainer's process group: a checkpoint at a step boundary, exit 0, an exact resume."""
+    args = ARGS + ["--epochs", "2", "--ckpt-every", "0"]
+    run_argv(common(tiny_data, tmp_path / "a") + args)
+    out = tmp_path / "b"
+    metrics = out / "metrics.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "train", *common(tiny_data, out), *args, "--workers", "1"],
+                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count('"kind": "train"') >= 2:  # logged after step 2
+            os.killpg(proc.pid, signal.SIGTERM)  # what a cluster does on preemption: the loader worker too
+            break
+        time.sleep(0.02)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    saved = final_state(out)
+    assert 2 <= saved["step"] < 10, saved["step"]
+    assert f"stopped by SIGTERM at step {saved['step']}: checkpoint saved" in stdout
+    run_argv(common(tiny_data, out) + args + ["--resume"])
+    assert_states_equal(final_state(tmp_path / "a")["model"], final_state(out)["model"])
+
+
+def test_early_stop_after_patience_evaluations_without_improvement(tiny_data, tmp_path):
+    s = run_argv(common(tiny_data, tmp_path / "es") + ARGS + ["--lr", "0", "--epochs", "10", "--ckpt-every", "0",
+                                                             "--val-data", tiny_data, "--early-stop", "2"])
+    # Evaluations after epochs 1, 2, 3: the first is the best, two more without improvement stop the run.
+    assert s["epoch"] == 3 and s["step"] == 15
+    assert s["stopped"] == ("early stop: validation video top-1 has not improved on "
+                            f"{s['best']['best']:.4f} (step 5) in 2 evaluations")
+    evals = [r for r in read_metrics(str(tmp_path / "es" / "metrics.jsonl")) if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [5, 10, 15]
+    assert ckpt_io.load(str(tmp_path / "es" / "checkpoint_best.pt"))["step"] == 5

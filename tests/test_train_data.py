@@ -1,0 +1,79 @@
+"""train.data.dataset_info: the model's clip shape comes from the reader, never from a guess."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import torch
+
+from convert.format.lmdb import clip_key
+from loaders import open_clips
+from train import TrainError
+from train.data import dataset_info
+from train.main import main
+
+from .loaders_fixtures import copy_conversion, loader_base, rewrite_value, short_side_root  # noqa: F401
+from .train_fixtures import common, tiny_data  # noqa: F401
+
+
+def test_fixed_size_conversion(tiny_data):
+    shape = dataset_info(tiny_data, 32)
+    assert (shape.clip_len, shape.frame, shape.short_side) == (16, (40, 52), None)
+    assert shape.classes == open_clips(tiny_data).classes and len(shape.classes) == 5
+    with pytest.raises(TrainError, match=r"--crop-size 41 does not fit frames of 40x52"):
+        dataset_info(tiny_data, 41)
+
+
+def test_short_side_conversion_takes_the_stored_clip_length(short_side_root):
+    """clip_shape is null in the manifest: T comes from the clip spec, the crop is checked against the short side."""
+    assert open_clips(short_side_root).manifest["clip_shape"] is None
+    shape = dataset_info(short_side_root, 112)
+    assert (shape.clip_len, shape.frame, shape.short_side) == (16, None, 120)
+    with pytest.raises(TrainError, match=r"--crop-size 121 does not fit frames whose short side is 120"):
+        dataset_info(short_side_root, 121)
+
+
+def test_clips_of_different_lengths_are_refused(tiny_data, tmp_path):
+    store = open_clips(tiny_data)  # the copy has the same layout; opening it here would lock out the rewrite
+    root = copy_conversion(tiny_data, str(tmp_path / "mixed"))
+    last_shard_first_video = int(max(range(len(store.video_ids)), key=lambda v: (store.video_shard[v], -v)))
+    shards, refs = store.refs([int(sum(store.video_clips[:last_shard_first_video]))])
+    shard, key = int(shards[0]), clip_key(*refs[0])
+    assert shard == store.video_shard[-1] and shard > 0  # the sampled clip of another shard than the first
+
+    def eight_frames(value: bytes) -> bytes:  # the header's T field (offset 8) says 8
+        return value[:8] + struct.pack("<H", 8) + value[10:]
+
+    rewrite_value(os.path.join(root, os.path.relpath(store.shard_paths[shard], store.root)), key, eight_frames)
+    with pytest.raises(TrainError, match=r"--data .*mixed: stored clips have 8 and 16 frames"):
+        dataset_info(root, 32)
+
+
+def test_trainer_refuses_a_clip_len_longer_than_stored(tiny_data, tmp_path, capsys):
+    code = main(common(tiny_data, tmp_path / "run") + ["--clip-len", "17", "--max-steps", "1"])
+    assert code == 2
+    assert "--clip-len 17 is longer than the stored clips of --data (16 frames)" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run" / "checkpoint.pt")
+
+
+def test_video_epochs_in_the_trainer(tiny_data, tmp_path):
+    """20 videos x 1 clip per epoch at batch 8: 2 steps per epoch (the last 4 dropped), one clip per video."""
+    from train.args import build_parser, check_args
+    from train.data import build_train_data
+    from train.dist import DistInfo
+    from train.main import run_argv
+
+    cpu = torch.device("cpu")
+
+    argv = common(tiny_data, tmp_path / "v") + ["--epoch-mode", "videos", "--batch-size", "8", "--epochs", "2"]
+    s = run_argv(argv)
+    assert s["step"] == 4
+    args = build_parser().parse_args(argv)
+    check_args(args, cpu)
+    data = build_train_data(args, DistInfo(0, 1, 0, cpu, None))
+    assert data.steps_per_epoch == 2 and data.sampler.epoch_size == 20
+    data.set_epoch(1)
+    videos = [v for b in data for v in b["video_id"]]
+    assert len(videos) == 16 and len(set(videos)) == 16  # 16 different videos, one clip each

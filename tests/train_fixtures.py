@@ -1,0 +1,56 @@
+"""The trainer tests' tiny converted dataset and helpers, shared by the tests/test_train_*.py modules.
+
+Test modules import ``tiny_data`` by name; the conversion is cached here, in
+the module, so it runs once per session however many modules use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from train import checkpoint as ckpt_io
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BUILT: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> str:
+    """40 clips (20 videos x 2) of 16 x 40 x 52, five classes."""
+    from train.synthdata import converted_split
+
+    if "tiny" not in _BUILT:
+        base = tmp_path_factory.getbasetemp() / "train_tiny"
+        path = converted_split(str(base), "train", per_class=4, seconds=2.0, seed=7, size=(40, 52), max_clips=2,
+                               workers=2)
+        with open(os.path.join(path, "manifest.json")) as f:
+            clips = sum(s["clips"] for s in json.load(f)["shards"])
+        if clips != 40:
+            raise RuntimeError(f"tiny dataset has {clips} clips, the tests assume 40")
+        _BUILT["tiny"] = path
+    return _BUILT["tiny"]
+
+
+def common(data: str, out) -> list[str]:
+    """Options every test run shares: width 1/16, 32x32 crops, one thread, no loader workers, CPU."""
+    return ["--data", data, "--out", str(out), "--model-width", "0.0625", "--crop-size", "32", "--workers", "0",
+            "--threads", "1", "--no-progress", "--no-tensorboard", "--log-every", "1", "--device", "cpu"]
+
+
+def final_state(out) -> dict:
+    return ckpt_io.load(ckpt_io.latest_path(str(out)))
+
+
+def assert_states_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for a ``python -m train`` child that imports this worktree's code."""
+    return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
