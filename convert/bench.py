@@ -9,6 +9,12 @@ shard processes, writing, manifest); decode-only and decord run in an
 already warm joblib pool, so the job's fixed start-up cost is measured on its
 own, on one and two tiny videos in a fresh process (imports, ``run_job`` and
 ``python -m convert`` as a whole).
+
+Each row also gives CPU milliseconds per frame, best round: of the decoding
+workers for decode-only and decord, of every process of the job (the job,
+its fork server, the shard processes) for a conversion. On a machine shared
+with other work the CPU time moves much less than the wall-clock rate, so
+its ratio is the steadier measure of what conversion adds to decoding.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Callable
 
 from joblib import Parallel, delayed
 
+from . import forkserver
 from .decode import FrameSpec, VideoDecoder
 from .job import JobOptions, _cpu_count, run_job
 from .plan import ConvertConfig
@@ -54,6 +61,15 @@ def build_tree(root: str, shared: str, n_videos: int, names: list[str] = REAL) -
     return paths
 
 
+def _timed(fn: Callable[[str, tuple[int, int]], int]) -> Callable[[str, tuple[int, int]], tuple[int, float]]:
+    """``fn`` returning also the CPU seconds it took in its (worker) process."""
+    def run(path: str, size: tuple[int, int]) -> tuple[int, float]:
+        t0 = time.process_time()
+        return fn(path, size), time.process_time() - t0
+    run.__name__ = fn.__name__
+    return run
+
+
 def _pyav_decode(path: str, size: tuple[int, int]) -> int:
     with VideoDecoder(path, FrameSpec(size=size)) as dec:
         return sum(1 for _ in dec)
@@ -80,10 +96,19 @@ def _decord_decode(path: str, size: tuple[int, int]) -> int:
     return n
 
 
-def _parallel(fn, paths: list[str], workers: int) -> tuple[int, float]:
+def _parallel(fn, paths: list[str], workers: int) -> tuple[int, float, float]:
+    """(frames, wall seconds, CPU seconds of the workers) of decoding ``paths`` in a warm joblib pool."""
     t0 = time.perf_counter()
-    frames = sum(Parallel(n_jobs=workers)(delayed(fn)(p, SIZE) for p in paths))
-    return frames, time.perf_counter() - t0
+    done = Parallel(n_jobs=workers)(delayed(_timed(fn))(p, SIZE) for p in paths)
+    return sum(f for f, _ in done), time.perf_counter() - t0, sum(c for _, c in done)
+
+
+def _cpu_so_far() -> float:
+    """CPU seconds of this process and of every child it has waited for."""
+    import resource
+
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
 
 
 def _stored_frames(out: str, manifest: dict) -> int:
@@ -100,15 +125,23 @@ def _stored_frames(out: str, manifest: dict) -> int:
     return frames
 
 
-def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tuple[int, float]:
+def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tuple[int, float, float]:
+    """(frames, wall seconds, CPU seconds of every process) of a whole job, as a fresh CLI job pays it.
+
+    The fork server is stopped after each job, so each pays its start (and is
+    reaped, which brings its and its shard processes' CPU time into ours).
+    """
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
+    forkserver.stop()
+    cpu0, t0 = _cpu_so_far(), time.perf_counter()
     manifest = run_job(tree, out, ConvertConfig(backend=backend, codec=codec),
                        JobOptions(workers=workers, progress=False))
     elapsed = time.perf_counter() - t0
+    forkserver.stop()
+    cpu = _cpu_so_far() - cpu0
     if manifest["totals"]["videos"] == 0:
         raise SystemExit(f"{out}: the conversion stored no video")
-    return _stored_frames(out, manifest), elapsed
+    return _stored_frames(out, manifest), elapsed, cpu
 
 
 _FRESH_JOB = """
@@ -160,8 +193,8 @@ def _stored_mb(out: str) -> float:
 
 
 def _rows(paths: list[str], tree: str, scratch: str, workers: int, with_decord: bool
-          ) -> dict[str, Callable[[], tuple[int, float]]]:
-    runs: dict[str, Callable[[], tuple[int, float]]] = {BASE: lambda: _parallel(_pyav_decode, paths, workers)}
+          ) -> dict[str, Callable[[], tuple[int, float, float]]]:
+    runs: dict[str, Callable[[], tuple[int, float, float]]] = {BASE: lambda: _parallel(_pyav_decode, paths, workers)}
     for name, (backend, codec) in CONVERSIONS.items():
         out = os.path.join(scratch, f"{backend}-{codec}")
         runs[name] = lambda out=out, b=backend, c=codec: _convert(tree, out, workers, b, c)
@@ -204,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tree, ignore_errors=True)
             tiny[n] = (tree, build_tree(tree, args.shared, n, [TINY]))
         _parallel(_pyav_decode, build_tree(os.path.join(scratch, "warm"), args.shared, 4), args.workers)
-        rows: dict[int, dict[str, list[tuple[int, float]]]] = {n: {} for n in sizes}
+        rows: dict[int, dict[str, list[tuple[int, float, float]]]] = {n: {} for n in sizes}
         starts: dict[int, list[tuple[float, ...]]] = {n: [] for n in tiny}
         for _ in range(args.rounds):
             for n, (tree, paths) in tiny.items():
@@ -215,16 +248,19 @@ def main(argv: list[str] | None = None) -> int:
                     rows[n].setdefault(name, []).append(fn())
         speed = max(write_speed(scratch) for _ in range(args.rounds))
         for n in sizes:
-            best = {name: max(f / t for f, t in r) for name, r in rows[n].items()}
+            best = {name: max(f / t for f, t, _ in r) for name, r in rows[n].items()}
+            cpu = {name: min(c / f for f, _, c in r) * 1e3 for name, r in rows[n].items()}  # CPU ms per frame
             base, ref = best[BASE], best.get(DECORD)
             frames = rows[n][BASE][0][0]
             print(f"\n{n} videos, {frames} frames -> {SIZE[0]}x{SIZE[1]} RGB, {args.workers} processes, "
                   f"best of {args.rounds} interleaved rounds\n")
-            print(f"| {'measure':42} | {'frames/s':>9} | {'vs decode-only':>14} | {'vs decord':>9} |")
-            print(f"|{'-' * 44}|{'-' * 11}|{'-' * 16}|{'-' * 11}|")
+            print(f"| {'measure':42} | {'frames/s':>9} | {'vs decode-only':>14} | {'vs decord':>9} | "
+                  f"{'CPU ms/frame':>12} | {'CPU vs decode-only':>18} |")
+            print(f"|{'-' * 44}|{'-' * 11}|{'-' * 16}|{'-' * 11}|{'-' * 14}|{'-' * 20}|")
             for name, fps in best.items():
                 vs_ref = f"{fps / ref:9.2f}" if ref else f"{'-':>9}"
-                print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} | {vs_ref} |")
+                print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} | {vs_ref} | {cpu[name]:12.3f} | "
+                      f"{cpu[BASE] / cpu[name]:18.2f} |")
             mbs = {c: _stored_mb(os.path.join(scratch, f"out-{n}", f"lmdb-{c}")) for c in ("raw", "lz4")}
             print("\nstored: " + ", ".join(f"{c} {mb:.0f} MB" for c, mb in mbs.items()) + f"; at this machine's "
                   f"{speed:.0f} MB/s for new file data, writing raw alone takes {mbs['raw'] / speed / args.workers:.2f} s "

@@ -118,6 +118,9 @@ class _Server:
                                      pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL)
         theirs.close()
+        # A server that does not answer within this long is killed and the shard
+        # process started the ordinary way (killed first, so it cannot fork late).
+        ours.settimeout(120)
         self.sock = ours
         self.lock = threading.Lock()
 
@@ -158,18 +161,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _stop() -> None:
-    """At exit: close the server's socket and wait for it (it ends at once), so it is reaped, not orphaned."""
-    server = _server
+def stop() -> None:
+    """Close the server's socket and wait for it (it ends at once), so it is reaped, not orphaned.
+
+    Runs at exit; a later ``spawn`` starts a new server.
+    """
+    global _server
+    with _server_lock:
+        server, _server = _server, None
     if server is not None:
         server.close()
         try:
             server.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             server.proc.kill()
+            server.proc.wait()
 
 
-atexit.register(_stop)
+atexit.register(stop)
 
 
 def available() -> bool:
@@ -179,6 +188,17 @@ def available() -> bool:
 def prestart(env: dict[str, str]) -> None:
     """Start the server now (it imports while the caller plans); later ``spawn`` calls reuse it."""
     _get(env)
+
+
+def _discard(server: _Server) -> None:
+    """Kill a server that failed a request; the next ``spawn`` starts a new one."""
+    global _server
+    server.proc.kill()
+    server.proc.wait()
+    server.close()
+    with _server_lock:
+        if _server is server:
+            _server = None
 
 
 def _get(env: dict[str, str]) -> _Server | None:
@@ -218,6 +238,7 @@ def spawn(argv: list[str], *, env: dict[str, str], stderr: int) -> ForkedProcess
         for fd in (in_r, in_w, out_r, out_w, status_r, status_w):
             os.close(fd)
         log.warning("fork server failed (%s); starting the shard process the ordinary way", exc)
+        _discard(server)
         return None
     for fd in (in_r, out_w, status_w):
         os.close(fd)

@@ -110,3 +110,31 @@ def test_each_forked_process_gets_the_environment_of_its_caller_at_that_moment(t
         report = [json.loads(line) for line in fh]
     assert [(r["id"], r["status"]) for r in report] == [("a/mmcv__test", "failed")]
     assert report[0]["reason"].startswith("decoder process killed by SIGSEGV")
+
+
+def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
+    """A request the server cannot answer starts that shard process the ordinary way; the next one gets a new server."""
+    out, _ = finished
+
+    def one_shard() -> subprocess.Popen | forkserver.ForkedProcess:
+        child = _Child(out, 0, ShardOptions())
+        try:
+            assert child.read(timeout=60)["complete"] is True
+            child.send({"op": "finish"})
+            assert child.read(timeout=60)["finished"] is True
+            assert child.reap() == 0
+            return child.proc
+        finally:
+            child.kill()
+            child.close()
+
+    assert isinstance(one_shard(), forkserver.ForkedProcess)
+    broken = forkserver._server
+    broken.sock.close()  # the request fails: the server is killed and the shard process started afresh
+    assert isinstance(one_shard(), subprocess.Popen)
+    assert broken.proc.returncode == -signal.SIGKILL and forkserver._server is None
+    assert isinstance(one_shard(), forkserver.ForkedProcess)  # a new server
+    dead = forkserver._server
+    dead.proc.kill()
+    dead.proc.wait()
+    assert isinstance(one_shard(), forkserver.ForkedProcess) and forkserver._server is not dead
