@@ -204,6 +204,23 @@ def _in_threads(calls: list[Callable[[], dict]], n: int) -> list[dict]:
     return results
 
 
+SIZE_SAMPLE = 64  # videos per shard whose file size is read to weigh it
+
+
+def _source_bytes(items: list) -> float:
+    """A shard's decoding work, roughly: its videos' file sizes (a sample of them, scaled to all)."""
+    if not items:
+        return 0.0
+    sample = items[::max(1, len(items) // SIZE_SAMPLE)][:SIZE_SAMPLE]
+    sizes = []
+    for item in sample:
+        try:
+            sizes.append(os.stat(item.path).st_size)
+        except OSError:
+            sizes.append(0)  # missing or unreadable: the shard records why, at no decoding cost
+    return sum(sizes) / len(sizes) * len(items)
+
+
 def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None,
                retry: dict[int, list[int]] | None = None) -> list[dict]:
     """Run the shards ``indices`` (default: all of the plan); their summaries, in any order.
@@ -212,6 +229,13 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     """
     workers = opts.workers or _cpu_count()
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
+    if len(indices) > workers:
+        # Longest first: a worker that draws a short shard last does not leave
+        # the others waiting on a long one. On 200 videos in 4 shards on 2
+        # cores the plan's order left one core idle for 1.0-1.1 s at the end
+        # of an 11 s job; by file size, 0-0.3 s.
+        weight = {i: _source_bytes(plan.shards[i]) for i in indices}
+        indices = sorted(indices, key=lambda i: -weight[i])
     retry = retry or {}
     calls = [functools.partial(run_shard, out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
