@@ -57,6 +57,7 @@ class ForkedProcess:
         self.stdout = stdout
         self.returncode: int | None = None
         self._status_fd = status_fd
+        _running.add(pid)
         try:
             # A pidfd names this very process even after its pid is reused: kill() never hits another one.
             self._pidfd: int | None = os.pidfd_open(pid)
@@ -79,6 +80,7 @@ class ForkedProcess:
             self._signal(signal.SIGKILL)
             self.returncode = 255
         os.close(self._status_fd)
+        _running.discard(self.pid)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -146,12 +148,14 @@ class _Server:
 _server: _Server | None = None
 _server_failed = False
 _server_lock = threading.Lock()
+_running: set[int] = set()  # pids of children whose exit status has not come back yet
 
 
 def _forget_after_fork() -> None:
     """A forked copy of this process must not talk to (or keep alive) its parent's server."""
     global _server, _server_lock
     _server_lock = threading.Lock()
+    _running.clear()
     if _server is not None:
         _server.sock.close()
     _server = None
@@ -162,20 +166,26 @@ if hasattr(os, "register_at_fork"):
 
 
 def stop() -> None:
-    """Close the server's socket and wait for it (it ends at once), so it is reaped, not orphaned.
+    """Close the server's socket; wait for it to end (at once) unless shard processes of ours still run.
 
-    Runs at exit; a later ``spawn`` starts a new server.
+    Runs at exit. A job that stops on one shard's error leaves the others'
+    processes running: the server outlives this process until they have
+    ended (they see their stdin close and exit, as before the server), and
+    is not waited for. A later ``spawn`` starts a new server.
     """
     global _server
     with _server_lock:
         server, _server = _server, None
-    if server is not None:
-        server.close()
-        try:
-            server.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+    if server is None:
+        return
+    server.close()
+    if _running:
+        return
+    try:
+        server.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
 
 
 atexit.register(stop)
@@ -324,8 +334,12 @@ def serve(fd: int) -> int:
                     pass  # the caller has gone
                 os.close(fd_)
 
-    while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
+    accepting = True
+    while accepting or status:
+        # Once the job has closed its socket, the children it left running (a
+        # job that stopped on one shard's error) still end as they would have
+        # as its own: they see their stdin close, finish, and are reaped here.
+        ready, _, _ = select.select([sock, wake_r] if accepting else [wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()
@@ -338,7 +352,8 @@ def serve(fd: int) -> int:
         if not message:
             for fd_ in fds:
                 os.close(fd_)
-            return 0
+            accepting = False
+            continue
         try:
             if len(fds) != 4:
                 raise ValueError(f"expected 4 descriptors, got {len(fds)}")
@@ -360,6 +375,7 @@ def serve(fd: int) -> int:
         status[pid] = fds[3]
         sock.send(json.dumps({"pid": pid}).encode())
         reap()  # a child may already have ended
+    return 0
 
 
 if __name__ == "__main__":

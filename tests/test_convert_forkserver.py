@@ -132,9 +132,28 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
     broken = forkserver._server
     broken.sock.close()  # the request fails: the server is killed and the shard process started afresh
     assert isinstance(one_shard(), subprocess.Popen)
-    assert broken.proc.returncode == -signal.SIGKILL and forkserver._server is None
+    assert broken.proc.poll() is not None and forkserver._server is None  # gone (it may see its socket close first)
     assert isinstance(one_shard(), forkserver.ForkedProcess)  # a new server
     dead = forkserver._server
     dead.proc.kill()
     dead.proc.wait()
     assert isinstance(one_shard(), forkserver.ForkedProcess) and forkserver._server is not dead
+
+
+def test_a_server_closed_while_its_children_run_stays_until_they_end(finished):
+    """A job stopping on one shard's error leaves the other shard processes to end as they would have."""
+    out, manifest = finished
+    child = _Child(out, 0, ShardOptions())
+    try:
+        assert isinstance(child.proc, forkserver.ForkedProcess)
+        server = forkserver._server
+        assert child.read(timeout=60)["ready"] is True
+        forkserver.stop()  # what the job's exit does: it does not wait, nor kill the running child
+        assert forkserver._server is None and server.proc.poll() is None
+        child.send({"op": "finish"})
+        assert child.read(timeout=60)["sha256"] == manifest["shards"][0]["sha256"]
+        assert child.reap() == 0  # the status still comes from the server ...
+        assert server.proc.wait(timeout=10) == 0  # ... which then ends
+    finally:
+        child.kill()
+        child.close()
