@@ -1,9 +1,20 @@
-"""``python -m convert.bench``: conversion speed against decode-only, side by side.
+"""``python -m convert.bench``: conversion speed against decode-only and decord, side by side.
 
 Everything is measured in one run, on the same videos and the same number of
-processes, in interleaved rounds (these machines are noisy); the table gives
-frames/s and the ratio to decode-only (PyAV decode + resize, nothing
-written). decord's decode + resize is the outside reference when installed.
+processes, in interleaved rounds (these machines are noisy: each row shows its
+best round). Rows give frames/s and the ratio to decode-only (PyAV decode +
+resize, nothing written) and to decord's decode + resize, the outside
+reference (when installed). The conversions are whole jobs (``run_job``: plan,
+shard processes, writing, manifest); decode-only and decord run in an
+already warm joblib pool, so the job's fixed start-up cost is measured on its
+own, on one and two tiny videos in a fresh process (imports, ``run_job`` and
+``python -m convert`` as a whole).
+
+Each row also gives CPU milliseconds per frame, best round: of the decoding
+workers for decode-only and decord, of every process of the job (the job,
+its fork server, the shard processes) for a conversion. On a machine shared
+with other work the CPU time moves much less than the wall-clock rate, so
+its ratio is the steadier measure of what conversion adds to decoding.
 """
 
 from __future__ import annotations
@@ -11,35 +22,52 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
+from typing import Callable
 
 from joblib import Parallel, delayed
 
+from . import forkserver
 from .decode import FrameSpec, VideoDecoder
-from .job import JobOptions, run_job
+from .job import JobOptions, _cpu_count, run_job
 from .plan import ConvertConfig
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
+TINY = "mmaction2__part_0.mp4"  # 32 frames: the start-up measurement's video
 DEFAULT_SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
                               "testdata", "videos")
+SIZE = (128, 171)
+BASE = "decode-only: PyAV + filter-graph resize"
+DECORD = "decord: decode + resize (reference)"
+CONVERSIONS = {"convert -> LMDB, raw": ("lmdb", "raw"), "convert -> LMDB, lz4": ("lmdb", "lz4"),
+               "convert -> TFRecord, raw": ("tfrecord", "raw"), "convert -> TFRecord, lz4": ("tfrecord", "lz4")}
 
 
-def build_tree(root: str, shared: str, copies: int) -> list[str]:
-    """Class folders of symlinks: each real video ``copies`` times under distinct names."""
-    paths = []
-    for k in range(copies):
-        cls = os.path.join(root, f"class_{k % 4}")
-        os.makedirs(cls, exist_ok=True)
-        for name in REAL:
-            src = os.path.join(shared, name)
-            if os.path.exists(src):
-                dst = os.path.join(cls, f"{k:03d}_{name}")
-                os.symlink(os.path.abspath(src), dst)
-                paths.append(dst)
-    if not paths:
+def build_tree(root: str, shared: str, n_videos: int, names: list[str] = REAL) -> list[str]:
+    """Class folders of ``n_videos`` symlinks to the real videos ``names``, used in turn under distinct names."""
+    found = [name for name in names if os.path.exists(os.path.join(shared, name))]
+    if not found:
         raise SystemExit(f"no benchmark videos found in {shared}")
+    paths = []
+    for k in range(n_videos):
+        name = found[k % len(found)]
+        cls = os.path.join(root, f"class_{k // len(found) % 4}")
+        os.makedirs(cls, exist_ok=True)
+        dst = os.path.join(cls, f"{k // len(found):03d}_{name}")
+        os.symlink(os.path.abspath(os.path.join(shared, name)), dst)
+        paths.append(dst)
     return paths
+
+
+def _timed(fn: Callable[[str, tuple[int, int]], int]) -> Callable[[str, tuple[int, int]], tuple[int, float]]:
+    """``fn`` returning also the CPU seconds it took in its (worker) process."""
+    def run(path: str, size: tuple[int, int]) -> tuple[int, float]:
+        t0 = time.process_time()
+        return fn(path, size), time.process_time() - t0
+    run.__name__ = fn.__name__
+    return run
 
 
 def _pyav_decode(path: str, size: tuple[int, int]) -> int:
@@ -68,26 +96,84 @@ def _decord_decode(path: str, size: tuple[int, int]) -> int:
     return n
 
 
-def _parallel(fn, paths: list[str], workers: int, size: tuple[int, int]) -> tuple[int, float]:
+def _parallel(fn, paths: list[str], workers: int) -> tuple[int, float, float]:
+    """(frames, wall seconds, CPU seconds of the workers) of decoding ``paths`` in a warm joblib pool."""
     t0 = time.perf_counter()
-    frames = sum(Parallel(n_jobs=workers)(delayed(fn)(p, size) for p in paths))
-    return frames, time.perf_counter() - t0
+    done = Parallel(n_jobs=workers)(delayed(_timed(fn))(p, SIZE) for p in paths)
+    return sum(f for f, _ in done), time.perf_counter() - t0, sum(c for _, c in done)
 
 
-def _convert(tree: str, out: str, workers: int, codec: str) -> tuple[int, float]:
+def _cpu_so_far() -> float:
+    """CPU seconds of this process and of every child it has waited for."""
+    import resource
+
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
+def _stored_frames(out: str, manifest: dict) -> int:
+    """Frames of every video the shards hold a record of (what the conversion decoded)."""
+    from .format import open_shard
+
+    frames = 0
+    for shard in manifest["shards"]:
+        reader = open_shard(manifest["backend"], os.path.join(out, shard["path"]))
+        try:
+            frames += sum(r.frames for r in reader.records())
+        finally:
+            reader.close()
+    return frames
+
+
+def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tuple[int, float, float]:
+    """(frames, wall seconds, CPU seconds of every process) of a whole job, as a fresh CLI job pays it.
+
+    The fork server is stopped after each job, so each pays its start (and is
+    reaped, which brings its and its shard processes' CPU time into ours).
+    """
+    shutil.rmtree(out, ignore_errors=True)
+    forkserver.stop()
+    cpu0, t0 = _cpu_so_far(), time.perf_counter()
+    manifest = run_job(tree, out, ConvertConfig(backend=backend, codec=codec),
+                       JobOptions(workers=workers, progress=False))
+    elapsed = time.perf_counter() - t0
+    forkserver.stop()
+    cpu = _cpu_so_far() - cpu0
+    if manifest["totals"]["videos"] == 0:
+        raise SystemExit(f"{out}: the conversion stored no video")
+    return _stored_frames(out, manifest), elapsed, cpu
+
+
+_FRESH_JOB = """
+import sys, time
+t0 = time.perf_counter()
+from convert.job import JobOptions, run_job
+from convert.plan import ConvertConfig
+t1 = time.perf_counter()
+run_job(sys.argv[1], sys.argv[2], ConvertConfig(), JobOptions(workers=int(sys.argv[3]), progress=False))
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def _fresh(tree: str, out: str, workers: int) -> tuple[float, float, float]:
+    """A job in a new process, as a user starts one: (its imports, its run_job, ``python -m convert`` in all)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")]))}
+    shutil.rmtree(out, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-c", _FRESH_JOB, tree, out, str(workers)], check=True, env=env,
+                          capture_output=True, text=True)
+    imports, job = map(float, done.stdout.split())
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    run_job(tree, out, ConvertConfig(codec=codec), JobOptions(workers=workers, progress=False))
-    elapsed = time.perf_counter() - t0
-    from loaders import open_clips
-
-    store = open_clips(out)
-    frames = sum(r.frames for si in range(len(store.shard_paths)) for r in store.reader(si).records())
-    return frames, elapsed
+    subprocess.run([sys.executable, "-m", "convert", tree, out, "--workers", str(workers), "--no-progress"],
+                   check=True, stdout=subprocess.DEVNULL, env=env)
+    return imports, job, time.perf_counter() - t0
 
 
-def write_speed(folder: str, mib: int = 512) -> float:
-    """MB/s of writing new data into a fresh file here: the page-cache cost every writer pays."""
+def write_speed(folder: str, mib: int = 256) -> float:
+    """MB/s of writing new data into a fresh file here: the page-cache cost every writer pays, decode-only none."""
     block = os.urandom(1 << 20)
     path = os.path.join(folder, "write-speed.tmp")
     t0 = time.perf_counter()
@@ -106,52 +192,87 @@ def _stored_mb(out: str) -> float:
         return json.load(fh)["totals"]["value_bytes"] / 1e6
 
 
+def _rows(paths: list[str], tree: str, scratch: str, workers: int, with_decord: bool
+          ) -> dict[str, Callable[[], tuple[int, float, float]]]:
+    runs: dict[str, Callable[[], tuple[int, float, float]]] = {BASE: lambda: _parallel(_pyav_decode, paths, workers)}
+    for name, (backend, codec) in CONVERSIONS.items():
+        out = os.path.join(scratch, f"{backend}-{codec}")
+        runs[name] = lambda out=out, b=backend, c=codec: _convert(tree, out, workers, b, c)
+    runs["decode-only: PyAV + VideoFrame.reformat"] = lambda: _parallel(_pyav_reformat, paths, workers)
+    if with_decord:
+        runs[DECORD] = lambda: _parallel(_decord_decode, paths, workers)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m convert.bench", description=__doc__)
     p.add_argument("--shared", default=DEFAULT_SHARED, help="folder with the real test videos")
-    p.add_argument("--copies", type=int, default=12, help="times each real video is used")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--videos", default="50,200",
+                   help="comma-separated job sizes: each uses the real videos in turn, as that many videos")
+    p.add_argument("--workers", type=int, default=_cpu_count(), help="processes (default: the CPUs this process may use)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each row is shown")
     p.add_argument("--tmp", default=None, help="scratch folder (default: a temp dir, removed after)")
     args = p.parse_args(argv)
-    size = (128, 171)
+    sizes = [int(v) for v in args.videos.split(",") if v.strip()]
+    if not sizes or min(sizes) < 1:
+        p.error(f"--videos needs positive counts, got {args.videos!r}")
+    try:
+        import decord  # noqa: F401
+
+        with_decord = True
+    except ImportError:
+        with_decord = False
+        print("decord not installed (pip install decord): its reference row is left out")
     scratch = args.tmp or tempfile.mkdtemp(prefix="convert-bench-")
     try:
-        tree = os.path.join(scratch, "videos")
-        shutil.rmtree(tree, ignore_errors=True)
-        paths = build_tree(tree, args.shared, args.copies)
-        rows: dict[str, list[tuple[int, float]]] = {}
-        runs = {
-            "decode-only: PyAV + filter-graph resize": lambda: _parallel(_pyav_decode, paths, args.workers, size),
-            "convert -> LMDB, raw": lambda: _convert(tree, os.path.join(scratch, "raw"), args.workers, "raw"),
-            "convert -> LMDB, lz4": lambda: _convert(tree, os.path.join(scratch, "lz4"), args.workers, "lz4"),
-            "decode-only: PyAV + VideoFrame.reformat": lambda: _parallel(_pyav_reformat, paths, args.workers, size),
-        }
-        try:
-            import decord  # noqa: F401
-
-            runs["decord: decode + resize (reference)"] = lambda: _parallel(_decord_decode, paths, args.workers, size)
-        except ImportError:
-            print("decord not installed: its reference row is left out")
-        _parallel(_pyav_decode, paths, args.workers, size)  # warm the page cache and the pool
+        plans = {}
+        for n in sizes:
+            tree = os.path.join(scratch, f"videos-{n}")
+            shutil.rmtree(tree, ignore_errors=True)
+            paths = build_tree(tree, args.shared, n)
+            plans[n] = _rows(paths, tree, os.path.join(scratch, f"out-{n}"), args.workers, with_decord)
+        tiny = {}
+        for n in (1, 2):
+            tree = os.path.join(scratch, f"tiny-{n}")
+            shutil.rmtree(tree, ignore_errors=True)
+            tiny[n] = (tree, build_tree(tree, args.shared, n, [TINY]))
+        _parallel(_pyav_decode, build_tree(os.path.join(scratch, "warm"), args.shared, 4), args.workers)
+        rows: dict[int, dict[str, list[tuple[int, float, float]]]] = {n: {} for n in sizes}
+        starts: dict[int, list[tuple[float, ...]]] = {n: [] for n in tiny}
         for _ in range(args.rounds):
-            for name, fn in runs.items():
-                rows.setdefault(name, []).append(fn())
-        best = {name: max(f / t for f, t in r) for name, r in rows.items()}
-        base = best["decode-only: PyAV + filter-graph resize"]
-        frames = rows["decode-only: PyAV + filter-graph resize"][0][0]
-        print(f"\n{len(paths)} videos, {frames} frames -> 128x171 RGB, {args.workers} processes, "
-              f"best of {args.rounds} interleaved rounds\n")
-        print(f"| {'measure':42} | {'frames/s':>9} | {'vs decode-only':>14} |")
-        print(f"|{'-' * 44}|{'-' * 11}|{'-' * 16}|")
-        for name, fps in best.items():
-            print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} |")
-        speed = write_speed(scratch)
-        for codec in ("raw", "lz4"):
-            mb = _stored_mb(os.path.join(scratch, codec))
-            print(f"\n{codec}: {mb:.0f} MB stored; at this machine's {speed:.0f} MB/s for fresh writes that alone "
-                  f"is {mb / speed / args.workers:.2f} s per process, vs {frames / base:.2f} s of decoding", end="")
-        print()
+            for n, (tree, paths) in tiny.items():
+                decode = _parallel(_pyav_decode, paths, args.workers)[1]
+                starts[n].append((*_fresh(tree, os.path.join(scratch, f"tiny-out-{n}"), args.workers), decode))
+            for n in sizes:
+                for name, fn in plans[n].items():
+                    rows[n].setdefault(name, []).append(fn())
+        speed = max(write_speed(scratch) for _ in range(args.rounds))
+        for n in sizes:
+            best = {name: max(f / t for f, t, _ in r) for name, r in rows[n].items()}
+            cpu = {name: min(c / f for f, _, c in r) * 1e3 for name, r in rows[n].items()}  # CPU ms per frame
+            base, ref = best[BASE], best.get(DECORD)
+            frames = rows[n][BASE][0][0]
+            print(f"\n{n} videos, {frames} frames -> {SIZE[0]}x{SIZE[1]} RGB, {args.workers} processes, "
+                  f"best of {args.rounds} interleaved rounds\n")
+            print(f"| {'measure':42} | {'frames/s':>9} | {'vs decode-only':>14} | {'vs decord':>9} | "
+                  f"{'CPU ms/frame':>12} | {'CPU vs decode-only':>18} |")
+            print(f"|{'-' * 44}|{'-' * 11}|{'-' * 16}|{'-' * 11}|{'-' * 14}|{'-' * 20}|")
+            for name, fps in best.items():
+                vs_ref = f"{fps / ref:9.2f}" if ref else f"{'-':>9}"
+                print(f"| {name:42} | {fps:9.0f} | {fps / base:14.2f} | {vs_ref} | {cpu[name]:12.3f} | "
+                      f"{cpu[BASE] / cpu[name]:18.2f} |")
+            mbs = {c: _stored_mb(os.path.join(scratch, f"out-{n}", f"lmdb-{c}")) for c in ("raw", "lz4")}
+            print("\nstored: " + ", ".join(f"{c} {mb:.0f} MB" for c, mb in mbs.items()) + f"; at this machine's "
+                  f"{speed:.0f} MB/s for new file data, writing raw alone takes {mbs['raw'] / speed / args.workers:.2f} s "
+                  f"per process, decoding {frames / base:.2f} s")
+        print(f"\nfixed start-up: a job on tiny videos ({TINY}, 32 frames each) in a fresh process, "
+              f"best of {args.rounds}; seconds\n")
+        print(f"| {'videos':6} | {'imports':>7} | {'run_job':>7} | {'of it decoding':>14} | {'fixed':>5} | "
+              f"{'python -m convert':>17} |")
+        print(f"|{'-' * 8}|{'-' * 9}|{'-' * 9}|{'-' * 16}|{'-' * 7}|{'-' * 19}|")
+        for n, runs in starts.items():
+            imports, job, cli, decode = (min(r[k] for r in runs) for k in range(4))
+            print(f"| {n:6} | {imports:7.3f} | {job:7.3f} | {decode:14.3f} | {job - decode:5.3f} | {cli:17.3f} |")
         return 0
     finally:
         if args.tmp is None:

@@ -63,6 +63,13 @@ class Clip:
 class ClipCutter:
     """Feed frames in order; full clips come out as soon as their last frame arrives.
 
+    Each frame is copied once, as it arrives, into the array of every clip it
+    belongs to, rather than kept until its clip is complete and then stacked:
+    the copy reads the frame while it is still in the CPU's cache, and the
+    decoder gets its frame buffer back at once. A clip's array is allocated
+    when its first frame arrives and handed out when its last one does;
+    frames no clip uses are never copied.
+
     After the frames run out, ``padded()`` gives the one clip a short video gets
     under the loop / repeat_last policies, and ``frames_seen`` the frame count.
     """
@@ -71,13 +78,18 @@ class ClipCutter:
         self.spec = spec
         self.frames_seen = 0
         self.emitted = 0
-        self._buf: dict[int, np.ndarray] = {}
-        self._next_start = 0
+        self._open: dict[int, np.ndarray] = {}  # clip index -> its array, being filled
+        # Until the first clip is out, the frames themselves are kept (at most
+        # span - 1 of them): a video that ends before then is padded from them.
+        self._early: list[np.ndarray] | None = [] if spec.short != "skip" else None
 
     @property
     def done(self) -> bool:
         """True once ``max_clips`` clips are out: the caller may stop decoding."""
         return self.spec.max_clips is not None and self.emitted >= self.spec.max_clips
+
+    def _new_clip(self, frame: np.ndarray) -> np.ndarray:
+        return np.empty((self.spec.clip_len, *frame.shape), dtype=frame.dtype)
 
     def push(self, frame: np.ndarray) -> Clip | None:
         s = self.spec
@@ -85,33 +97,44 @@ class ClipCutter:
         self.frames_seen += 1
         if self.done:
             return None
-        # At most one clip span is buffered: frames before the next clip's start
-        # are never needed again (gaps when step > span are not kept at all).
-        if idx >= self._next_start:
-            self._buf[idx] = frame
-        if idx != self._next_start + s.span - 1:
+        if self._early is not None:
+            self._early.append(frame)
+        step, span = s.start_step, s.span
+        # Clip k holds frames k*step + j*stride (j < clip_len): this frame
+        # belongs to each clip k not yet out with k*step <= idx < k*step + span.
+        last = idx // step
+        if s.max_clips is not None:
+            last = min(last, s.max_clips - 1)
+        for k in range(max(self.emitted, -(-(idx - span + 1) // step)), last + 1):
+            j, off = divmod(idx - k * step, s.stride)
+            if off == 0:
+                clip = self._open.get(k)
+                if clip is None:
+                    clip = self._open[k] = self._new_clip(frame)
+                clip[j] = frame
+        start = self.emitted * step
+        if idx != start + span - 1:
             return None
-        start = self._next_start
-        clip = np.stack([self._buf[start + j * s.stride] for j in range(s.clip_len)])
-        self._next_start += s.start_step
-        for k in [k for k in self._buf if k < self._next_start]:
-            del self._buf[k]
-        out = Clip(self.emitted, start, clip)
+        out = Clip(self.emitted, start, self._open.pop(self.emitted))
         self.emitted += 1
+        self._early = None
         return out
 
     def padded(self) -> Clip | None:
         """The single clip of a video shorter than one clip, or None (skip policy)."""
         s = self.spec
         n = self.frames_seen
-        if self.emitted or n == 0 or n >= s.span or s.short == "skip":
+        if self.emitted or n == 0 or n >= s.span or self._early is None:
             return None
         want = [j * s.stride for j in range(s.clip_len)]
         if s.short == "loop":
             idx = [i % n for i in want]
         else:
             idx = [min(i, n - 1) for i in want]
-        clip = np.stack([self._buf[i] for i in idx])
+        clip = self._new_clip(self._early[0])
+        for j, i in enumerate(idx):
+            clip[j] = self._early[i]
+        self._open.clear()
         self.emitted = 1
         return Clip(0, 0, clip)
 

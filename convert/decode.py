@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import av
 import numpy as np
+
+if TYPE_CHECKING:
+    import av
 
 
 class VideoError(Exception):
@@ -84,9 +86,14 @@ class VideoDecoder:
         self.damage: str | None = None
         self.frames_out = 0
         self.frames_decoded = 0
+        self._tb: tuple[int, int] | None | bool = False  # decoded frames' time base (num, den); False: not seen yet
         self._reached: float | None = None  # latest end (pts + duration, seconds) of a decoded frame
         self._last_step = 0.0  # that frame's duration, seconds
         self._last_pts: float | None = None
+        # PyAV is imported here, not with the module: the job process plans and
+        # supervises without it (its import is 50-90 ms of the job's start-up).
+        import av
+
         try:
             self._container = av.open(path, metadata_errors="ignore")
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
@@ -130,6 +137,8 @@ class VideoDecoder:
 
     # -- decoding -----------------------------------------------------------
     def _raw_frames(self) -> Iterator[av.VideoFrame]:
+        import av
+
         try:
             for packet in self._container.demux(self._stream):
                 for frame in packet.decode():
@@ -152,8 +161,17 @@ class VideoDecoder:
         t = frame.time
         if t is None:
             return
-        if frame.duration and frame.time_base:
-            step = float(frame.duration * frame.time_base)
+        tb = self._tb
+        if tb is False:
+            # Every frame of the stream has the stream's time base. Reading it
+            # makes a Fraction each time, and multiplying by one more: together
+            # about 3% of decoding. The integers give the same float (both
+            # round the exact quotient once).
+            base = frame.time_base
+            tb = self._tb = (base.numerator, base.denominator) if base else None
+        duration = frame.duration
+        if duration and tb:
+            step = duration * tb[0] / tb[1]
         elif self._last_pts is not None and t > self._last_pts:
             step = t - self._last_pts  # no per-frame duration: the gap since the previous frame
         else:
@@ -216,7 +234,7 @@ class VideoDecoder:
     def _selected(self) -> Iterator[tuple[av.VideoFrame, int]]:
         """(frame, times to emit) after resampling to ``spec.fps`` by nearest timestamp."""
         if self.spec.fps is None:
-            for _, frame in self._timed():
+            for frame in self._raw_frames():  # no resampling: the frames' times are not needed
                 yield frame, 1
             return
         period = 1.0 / self.spec.fps
@@ -247,6 +265,8 @@ class VideoDecoder:
                 yield held, n
 
     def _graph(self, frame: av.VideoFrame) -> av.filter.Graph:
+        import av
+
         rot = _rotation_filters(frame.rotation or 0)
         w, h = frame.width, frame.height
         if any("transpose" in f for f in rot):
@@ -272,9 +292,11 @@ class VideoDecoder:
                 graph = self._graph(frame)
             graph.push(frame)
             rgb = graph.pull().to_ndarray()
-            for i in range(repeat):
+            self.frames_out += 1
+            yield rgb
+            for _ in range(repeat - 1):
                 self.frames_out += 1
-                yield rgb if i == 0 else rgb.copy()
+                yield rgb.copy()
         if self.frames_out == 0 and self.damage is None:
             raise VideoError("no frames decoded")
 

@@ -1,8 +1,9 @@
 """The conversion job: plan, run shards in parallel, then write manifest and report.
 
-Shards run through joblib (loky processes by default, or any joblib backend
-such as Dask's for several machines). The manifest is written last, from what
-the shards hold, so its presence means the job is complete.
+Shards run through joblib: one supervisor thread per shard watching its
+shard process, as many at a time as workers (joblib's threading backend), or
+on several machines through joblib's Dask backend. The manifest is written
+last, from what the shards hold, so its presence means the job is complete.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator
 
-from joblib import Parallel, delayed, parallel_config
-
 from .format import (FORMAT_NAME, FORMAT_VERSION, LOCK, MANIFEST, PLAN, PROGRESS_DIR, REPORT, SHARD_DIR, FormatError,
                      ShardMissing, get_backend, shard_name)
 from .plan import (ConvertConfig, Plan, PlanError, add_shards, check_same, default_shards, load_plan, make_plan,
                    write_json_atomic)
 from .sources import Source, SourceError, load_source
+from .supervise import ShardOptions, prestart, run_shard
 from .system import cpu_count
-from .supervise import ShardOptions, run_shard
 
 
 
@@ -157,6 +156,23 @@ class _ProgressBar(threading.Thread):
                     return
 
 
+SIZE_SAMPLE = 64  # videos per shard whose file size is read to weigh it
+
+
+def _source_bytes(items: list) -> float:
+    """A shard's decoding work, roughly: its videos' file sizes (a sample of them, scaled to all)."""
+    if not items:
+        return 0.0
+    sample = items[::max(1, len(items) // SIZE_SAMPLE)][:SIZE_SAMPLE]
+    sizes = []
+    for item in sample:
+        try:
+            sizes.append(os.stat(item.path).st_size)
+        except OSError:
+            sizes.append(0)  # missing or unreadable: the shard records why, at no decoding cost
+    return sum(sizes) / len(sizes) * len(items)
+
+
 def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | None = None,
                retry: dict[int, list[int]] | None = None) -> list[dict]:
     """Run the shards ``indices`` (default: all of the plan); their summaries, in any order.
@@ -165,7 +181,21 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     """
     workers = opts.workers or cpu_count()
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
+    if len(indices) > workers:
+        # Longest first: a worker that draws a short shard last does not leave
+        # the others waiting on a long one. On 200 videos in 4 shards on 2
+        # cores the plan's order left one core idle for 1.0-1.1 s at the end
+        # of an 11 s job; by file size, 0-0.3 s.
+        weight = {i: _source_bytes(plan.shards[i]) for i in indices}
+        indices = sorted(indices, key=lambda i: -weight[i])
     retry = retry or {}
+    # joblib schedules the shards on every machine: its threading backend here
+    # (a supervisor only waits on its shard process's pipe; the decoding runs
+    # in the shard processes, one per core), its Dask backend on a cluster.
+    # Importing joblib costs about 0.1 s of a job's start-up, which is why it
+    # is imported here and not with the module.
+    from joblib import Parallel, delayed, parallel_config
+
     tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
@@ -176,10 +206,7 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
         if cluster is not None:
             cluster.close()
         return results
-    # A supervisor only waits on its shard process's pipe, so threads are enough
-    # here: the decoding runs in the shard processes, one per core.
-    return list(Parallel(n_jobs=min(workers, len(tasks)), backend="threading",
-                         return_as="generator_unordered")(tasks))
+    return list(Parallel(n_jobs=min(workers, len(tasks)), backend="threading", return_as="generator_unordered")(tasks))
 
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
@@ -382,6 +409,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     say = say or (lambda message: None)
     source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
     check_out(out, config)  # before OUT or its lock file is created
+    if not opts.dask:
+        prestart()  # the shard processes' fork server imports while the source is read and planned
     source = None
     rerun = os.path.exists(os.path.join(out, PLAN))
     if not rerun:

@@ -409,7 +409,7 @@ ROUTES = ("auto", "native", "source")
 
 def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                       world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int | None = 2,
-                      route: str = "auto", **kw: Any) -> Any:
+                      route: str = "auto", verify: bool = False, **kw: Any) -> Any:
     """The trainer's DALI loader for ``root``, with the trainer's keyword names.
 
     ``route``: ``"native"`` is ``loaders.dali_native.DaliTFRecordLoader``
@@ -417,6 +417,9 @@ def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: ClipPr
     1), ``"source"`` is ``DaliClipLoader`` (``fn.external_source``, sampler
     order, ``workers`` Python worker processes, ``None``: 2), ``"auto"`` the
     native route for TFRecord conversions and the source route for LMDB.
+    ``verify``: check each value's CRC-32 as it is read (the source route
+    only: DALI's TFRecord reader hands the bytes to the GPU without Python
+    seeing them, so the native route refuses it with a ValueError).
     Other keywords go to the loader chosen.
     """
     if route not in ROUTES:
@@ -426,10 +429,14 @@ def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: ClipPr
     common = {"train": train, "batch_size": batch_size, "preset": preset, "rank": rank, "world_size": world_size,
               "device_id": device_id, "seed": seed}
     if route == "native":
+        if verify:
+            raise ValueError("verify=True (the trainer's --verify-data) needs the source route (route='source') "
+                             "or another loader (--loader threads): DALI's own TFRecord reader passes the bytes "
+                             f"to the GPU unseen by Python; python -m convert verify {root} checks them all")
         from .dali_native import DaliTFRecordLoader
 
         return DaliTFRecordLoader(root, threads=max(1, workers or 1), **common, **kw)
-    return DaliClipLoader(root, workers=2 if workers is None else workers, **common, **kw)
+    return DaliClipLoader(root, workers=2 if workers is None else workers, verify=verify, **common, **kw)
 
 
 def gpu_self_check(*args, **kw) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import io
+import re
 import os
 
 import numpy as np
@@ -318,6 +319,10 @@ def test_build_dali_loader_picks_the_route_by_backend(tf_roots, raw_root):  # no
     assert isinstance(build_dali_loader(raw_root, **kw), DaliClipLoader)
     with pytest.raises(ValueError, match="route must be one of auto, native, source"):
         build_dali_loader(raw_root, route="gpu", **kw)
+    # Checking CRCs as values are read: the source route does it, the native route says it cannot.
+    assert build_dali_loader(tf_roots["raw"], route="source", verify=True, **kw).verify is True
+    with pytest.raises(ValueError, match=r"verify=True \(the trainer's --verify-data\) needs the source route"):
+        build_dali_loader(tf_roots["raw"], verify=True, **kw)
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -338,9 +343,11 @@ def test_constructor_validates(tf_roots, kw, words):
 
 # -- the trainer ---------------------------------------------------------------------------
 
-def test_train_with_loader_dali_on_tfrecord_runs_and_resumes_exactly(synth_videos, loader_base, tmp_path):  # noqa: F811
+def test_train_with_loader_dali_on_tfrecord_runs_and_resumes_exactly(synth_videos, loader_base, tmp_path,  # noqa: F811
+                                                                     monkeypatch):
     """``python -m train --loader dali`` on a TFRecord conversion takes the native route (CPU backend here):
     4 steps straight equal 2 steps, a stop, and 2 more after ``--resume`` (mid-epoch, bit for bit)."""
+    from train.errors import TrainError
     from train.main import run_argv
 
     root = converted(synth_videos, loader_base, "tf_tiny", backend="tfrecord", codec="raw", size=(40, 52),
@@ -358,6 +365,19 @@ def test_train_with_loader_dali_on_tfrecord_runs_and_resumes_exactly(synth_video
     a = run_argv(argv("a", "--max-steps", "4", "--val-data", root))
     assert a["step"] == 4 and a["eval"]["clips"] == n
     assert _threads() == before  # the trainer's train and eval pipelines went with their loaders
+    with pytest.raises(TrainError, match=f"^--data {re.escape(root)}: verify=True .*\\(--loader threads\\)"):
+        run_argv(argv("v", "--max-steps", "1", "--verify-data"))
+    # A run that fails after its training pipeline ran closes it on the way out, while the exception
+    # (whose frames hold the loader) is still alive.
+    import train.main
+
+    def failing_eval(*args, **kw):
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(train.main, "_eval_and_log", failing_eval)
+    with pytest.raises(RuntimeError, match="evaluation failed") as caught:
+        run_argv(argv("w", "--max-steps", "2", "--val-data", root))
+    assert _threads() == before and caught.value is not None
     run_argv(argv("b", "--max-steps", "2"))
     from train import checkpoint as ckpt_io
 

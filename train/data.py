@@ -162,6 +162,13 @@ class TrainData:
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
 
+    def close(self) -> None:
+        """Stop the loader's threads or pipelines now (DALI pipelines, reader threads); a DataLoader has
+        nothing to close (its workers end with its iterator)."""
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
+
     def __iter__(self) -> Iterator[dict]:
         # DataLoader draws its workers' base seed from the global torch RNG when
         # an iterator starts; forking keeps that draw out of the stream dropout
@@ -181,6 +188,13 @@ class EvalData:
     std: Sequence[float]
     num_clips: int  # views over all ranks: clips, or clips x spatial crops
     protocol: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Stop the loader's threads or pipelines now (DALI pipelines, reader threads); a DataLoader has
+        nothing to close (its workers end with its iterator)."""
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
 
 
 PROTOCOLS = ("clips", "10x3")

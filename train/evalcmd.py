@@ -98,11 +98,14 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last_3d)
     data = build_eval_data(opts.data, cfg, info, "--data")
-    with reading("--data", opts.data):
-        result = evaluate(model, data, info.device, cfg.amp_dtype, channels_last=cfg.channels_last,
-                          downsample=cfg.downsample,
-                          progress=info.is_main and not opts.no_progress and sys.stderr.isatty(),
-                          features=opts.export is not None)
+    try:
+        with reading("--data", opts.data):
+            result = evaluate(model, data, info.device, cfg.amp_dtype, channels_last=cfg.channels_last,
+                              downsample=cfg.downsample,
+                              progress=info.is_main and not opts.no_progress and sys.stderr.isatty(),
+                              features=opts.export is not None)
+    finally:
+        data.close()  # its threads or DALI pipeline now, not at garbage collection
     result["checkpoint"], result["step"] = os.path.abspath(opts.checkpoint), int(saved.get("step", 0))
     if info.is_main:
         out = opts.out or os.path.dirname(os.path.abspath(opts.checkpoint))

@@ -199,118 +199,125 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if cfg.sync_bn and info.distributed and cfg.bn:
         # After the auto-batch probe, which must not run collectives: SyncBatchNorm's forward is one.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    data = build_train_data(cfg, info)
-    if data.classes != classes:
-        raise TrainError("the training loader's classes differ from the manifest's")
-    if data.steps_per_epoch != cfg.steps_per_epoch:
-        raise TrainError(f"the training loader gives {data.steps_per_epoch} steps per epoch where the config "
-                         f"expects {cfg.steps_per_epoch} (a bug in the trainer: please report it)")
-    val = build_eval_data(cfg.val_data, cfg, info) if cfg.val_data else None
-    if val is not None and val.classes != classes:
-        raise TrainError(f"--val-data has classes {val.classes[:5]}{'...' if len(val.classes) > 5 else ''} "
-                         f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
-                         f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
+    # The loaders are closed when the run ends, by an error too: a DALI pipeline's threads and the
+    # reader threads would otherwise live until garbage collection, which an exception's traceback
+    # (holding the frames that hold the loaders) can put off indefinitely.
+    with contextlib.ExitStack() as open_loaders:
+        data = build_train_data(cfg, info)
+        open_loaders.callback(data.close)
+        if data.classes != classes:
+            raise TrainError("the training loader's classes differ from the manifest's")
+        if data.steps_per_epoch != cfg.steps_per_epoch:
+            raise TrainError(f"the training loader gives {data.steps_per_epoch} steps per epoch where the config "
+                             f"expects {cfg.steps_per_epoch} (a bug in the trainer: please report it)")
+        val = build_eval_data(cfg.val_data, cfg, info) if cfg.val_data else None
+        if val is not None:
+            open_loaders.callback(val.close)
+        if val is not None and val.classes != classes:
+            raise TrainError(f"--val-data has classes {val.classes[:5]}{'...' if len(val.classes) > 5 else ''} "
+                             f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
+                             f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
-    optimizer = optimizer_for(model, cfg)
-    scheduler = scheduler_for(optimizer, cfg)
-    # One code path: a disabled scaler passes scale/step/update straight through.
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
-                                  growth_interval=cfg.growth_interval)
-    parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
-    latest = ckpt_io.latest_path(cfg.out)
-    state, rng = TrainState(), None
-    tracker = BestTracker(cfg.early_stop)
-    found = ckpt_io.newest_complete(cfg.out, lambda text: _say(info, text)) if cfg.resume else None
-    if found is not None:
-        state, rng = resume(*found, cfg, parts, data, classes, info)
-        tracker.load_state_dict(found[1].get("best"))
-        if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
-            limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
-                     else f"--epochs {cfg.epochs}")
-            _say(info, f"note: the run in {cfg.out} already reached {limit} (step {state.step}, epoch "
-                       f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
-    elif cfg.resume:
-        _say(info, f"--resume: no checkpoint in {cfg.out} yet, starting fresh")
-    resumed = found is not None
-    model_without_ddp = model
-    model, ddp = wrap(model, cfg, info)
+        optimizer = optimizer_for(model, cfg)
+        scheduler = scheduler_for(optimizer, cfg)
+        # One code path: a disabled scaler passes scale/step/update straight through.
+        scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
+                                      growth_interval=cfg.growth_interval)
+        parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
+        latest = ckpt_io.latest_path(cfg.out)
+        state, rng = TrainState(), None
+        tracker = BestTracker(cfg.early_stop)
+        found = ckpt_io.newest_complete(cfg.out, lambda text: _say(info, text)) if cfg.resume else None
+        if found is not None:
+            state, rng = resume(*found, cfg, parts, data, classes, info)
+            tracker.load_state_dict(found[1].get("best"))
+            if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
+                limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
+                         else f"--epochs {cfg.epochs}")
+                _say(info, f"note: the run in {cfg.out} already reached {limit} (step {state.step}, epoch "
+                           f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
+        elif cfg.resume:
+            _say(info, f"--resume: no checkpoint in {cfg.out} yet, starting fresh")
+        resumed = found is not None
+        model_without_ddp = model
+        model, ddp = wrap(model, cfg, info)
 
-    log = MetricsLog(cfg.out, info.is_main, tensorboard=not cfg.no_tensorboard)
-    log.start(state.step if resumed else None)
-    profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
-    step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=StopRequest(), profiler=profiler,
-                                      progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
-                                      gpu=GpuStats(device) if info.is_main else None)
+        log = MetricsLog(cfg.out, info.is_main, tensorboard=not cfg.no_tensorboard)
+        log.start(state.step if resumed else None)
+        profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
+        step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=StopRequest(), profiler=profiler,
+                                          progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
+                                          gpu=GpuStats(device) if info.is_main else None)
 
-    def save(st: TrainState) -> None:
-        # Every rank's RNG goes in, so each rank resumes its own dropout stream.
-        rngs = dist.all_gather_object(ckpt_io.rng_state())
+        def save(st: TrainState) -> None:
+            # Every rank's RNG goes in, so each rank resumes its own dropout stream.
+            rngs = dist.all_gather_object(ckpt_io.rng_state())
+            if info.is_main:
+                ckpt_io.save_checkpoint({
+                    **{name: obj.state_dict() for name, obj in parts.items()},
+                    "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
+                    "sampler": data.state_dict(consumed=st.epoch_step * cfg.batch_size), "best": tracker.state_dict(),
+                    "rng": rngs, "classes": classes, "config": cfg.to_dict(),
+                }, cfg.out, st.step, cfg.keep_last)
+
+        _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
+                   f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
+                   f"{cfg.global_batch} | lr {cfg.lr_plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
+                   f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
+        _say(info, cfg.lr_plan.why)
+        if rng is not None:
+            ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
+        criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        t_start = time.perf_counter()
+        last_eval = None
+        stopped = None
+        with stop_signals(step_cfg.stop):
+            while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
+                data.set_epoch(state.epoch)
+                data.set_position(state.epoch_step * cfg.batch_size)
+                with reading("--data", cfg.data):
+                    stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state,
+                                              step_cfg, log, save, world_size=info.world_size)
+                if stopped:
+                    break  # --max-steps or a signal; train_one_epoch saved the checkpoint
+                state.epoch += 1
+                state.epoch_step = 0
+                improved = False
+                if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
+                    last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info,
+                                              f"epoch{state.epoch:03d}")
+                    improved = tracker.update(last_eval[1]["video_top1"], state.step)
+                save(state)
+                if improved and info.is_main:
+                    ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
+                if tracker.exhausted:
+                    stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
+                               f"{tracker.best_step}) in {tracker.since} evaluations")
+                    _say(info, stopped)
+                    break
+        train_s = time.perf_counter() - t_start
+        if profiler is not None:
+            _say(info, profiler.close())
+
+        summary: dict[str, Any] = {"out": cfg.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
+                                   "step": state.step,
+                                   "epoch": state.epoch, "train_seconds": train_s, "batch_size": cfg.batch_size,
+                                   "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
+                                   "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
+                                   "config": cfg.to_dict()}
+        interrupted = bool(stopped and stopped.startswith("signal"))
+        if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
+            last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info, "final")
+        if last_eval is not None:
+            summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
         if info.is_main:
-            ckpt_io.save_checkpoint({
-                **{name: obj.state_dict() for name, obj in parts.items()},
-                "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
-                "sampler": data.state_dict(consumed=st.epoch_step * cfg.batch_size), "best": tracker.state_dict(),
-                "rng": rngs, "classes": classes, "config": cfg.to_dict(),
-            }, cfg.out, st.step, cfg.keep_last)
-
-    _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
-               f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
-               f"{cfg.global_batch} | lr {cfg.lr_plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
-               f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
-    _say(info, cfg.lr_plan.why)
-    if rng is not None:
-        ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    t_start = time.perf_counter()
-    last_eval = None
-    stopped = None
-    with stop_signals(step_cfg.stop):
-        while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
-            data.set_epoch(state.epoch)
-            data.set_position(state.epoch_step * cfg.batch_size)
-            with reading("--data", cfg.data):
-                stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state,
-                                          step_cfg, log, save, world_size=info.world_size)
-            if stopped:
-                break  # --max-steps or a signal; train_one_epoch saved the checkpoint
-            state.epoch += 1
-            state.epoch_step = 0
-            improved = False
-            if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
-                last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info,
-                                          f"epoch{state.epoch:03d}")
-                improved = tracker.update(last_eval[1]["video_top1"], state.step)
-            save(state)
-            if improved and info.is_main:
-                ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
-            if tracker.exhausted:
-                stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
-                           f"{tracker.best_step}) in {tracker.since} evaluations")
-                _say(info, stopped)
-                break
-    train_s = time.perf_counter() - t_start
-    if profiler is not None:
-        _say(info, profiler.close())
-
-    summary: dict[str, Any] = {"out": cfg.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
-                               "step": state.step,
-                               "epoch": state.epoch, "train_seconds": train_s, "batch_size": cfg.batch_size,
-                               "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
-                               "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
-                               "config": cfg.to_dict()}
-    interrupted = bool(stopped and stopped.startswith("signal"))
-    if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-        last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info, "final")
-    if last_eval is not None:
-        summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
-    if info.is_main:
-        summary.update(_speed(read_metrics(log.path)))
-        summary["curves"] = save_figures(cfg.out, read_metrics(log.path))
-        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-            json.dump({k: v for k, v in summary.items() if k != "eval"}, f, indent=1, default=str)
-    log.close()
-    dist.barrier()
-    return summary
+            summary.update(_speed(read_metrics(log.path)))
+            summary["curves"] = save_figures(cfg.out, read_metrics(log.path))
+            with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+                json.dump({k: v for k, v in summary.items() if k != "eval"}, f, indent=1, default=str)
+        log.close()
+        dist.barrier()
+        return summary
 
 
 def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 
 FORMAT_NAME = "videoclips"
@@ -25,6 +24,14 @@ LOG_DIR = "logs"
 PROGRESS_DIR = ".progress"
 LOCK = ".lock"  # held (flock) by the job converting into OUT, and naming it
 DAMAGED_DIR = "damaged"  # unfinished shards that could not be opened, moved aside and converted again
+
+try:
+    # The same CRC-32 as zlib's (ISO-HDLC polynomial), in zlib-ng's vectorised
+    # code: about 50 GB/s against zlib 1.2's 2.5-4 GB/s here, where it cost
+    # 0.25-0.4 ms of every 1 MB raw clip written (and verified).
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib gives the same values
+    from zlib import crc32
 
 MAGIC = b"VCLP"
 # magic, version, codec id, channels, reserved, T, H, W, video id length,
@@ -102,7 +109,7 @@ def pack_header(*, codec_id: int, shape: tuple[int, int, int, int], label: int, 
     if not 0 <= clip_index <= MAX_CLIP_INDEX:
         raise ValueError(f"clip index {clip_index} does not fit the header's uint32")
     return _HEADER.pack(MAGIC, FORMAT_VERSION, codec_id, c, 0, t, h, w, len(vid), label, clip_index,
-                        start_frame, zlib.crc32(payload), len(payload)) + vid
+                        start_frame, crc32(payload), len(payload)) + vid
 
 
 def header_len(value: bytes | memoryview) -> int:
@@ -144,7 +151,7 @@ def unpack_header(header: bytes | memoryview, *, value_len: int | None = None) -
 
 def check_crc(payload: bytes | memoryview, header: ClipHeader) -> None:
     """Raise FormatError when the payload's CRC-32 differs from the header's."""
-    got = zlib.crc32(payload)
+    got = crc32(payload)
     if got != header.crc32:
         raise FormatError(f"payload crc32 {got:08x} != stored {header.crc32:08x} "
                           f"(video {header.video_id!r} clip {header.clip_index})")

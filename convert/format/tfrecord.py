@@ -33,7 +33,6 @@ import struct
 import threading
 from typing import Callable, Iterator, Sequence
 
-import crc32c
 import numpy as np
 
 from .base import (ClipProducer, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord, Visitor,
@@ -52,16 +51,43 @@ def part_name(n: int, ext: str) -> str:
     return f"part-{n:05d}.{ext}"
 
 
-def masked_crc(data: bytes | memoryview) -> int:
-    """TFRecord's masked CRC-32C (Castagnoli) of ``data``."""
-    crc = crc32c.crc32c(data)
+_crc32c: Callable[..., int] | None = None
+
+
+def _crc32c_fn() -> Callable[..., int]:
+    global _crc32c
+    if _crc32c is None:
+        # Imported on first use: the crc32c package's __init__ reads its own
+        # version through importlib.metadata, about 40 ms that every process
+        # importing convert.format (the job, each shard process, each loader)
+        # would pay even when it never touches a TFRecord shard.
+        import crc32c
+
+        _crc32c = crc32c.crc32c
+    return _crc32c
+
+
+def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK) & 0xFFFFFFFF
 
 
-def frame_record(data: bytes | memoryview) -> list[bytes | memoryview]:
-    """The pieces of one framed record: length, its masked CRC, data, the data's masked CRC."""
-    length = _U64.pack(len(data))
-    return [length, _U32.pack(masked_crc(length)), data, _U32.pack(masked_crc(data))]
+def masked_crc(data: bytes | memoryview) -> int:
+    """TFRecord's masked CRC-32C (Castagnoli) of ``data``."""
+    return _mask(_crc32c_fn()(data))
+
+
+def frame_record(*data: bytes | memoryview) -> list[bytes | memoryview]:
+    """The pieces of one framed record: length, its masked CRC, data, the data's masked CRC.
+
+    The record's data may come in pieces (an Example's fields, the clip's
+    payload among them): they are checksummed one after the other and written
+    as they are, never joined into one copy of the record.
+    """
+    crc32c, crc = _crc32c_fn(), 0
+    for piece in data:
+        crc = crc32c(piece, crc)
+    length = _U64.pack(sum(len(piece) for piece in data))
+    return [length, _U32.pack(masked_crc(length)), *data, _U32.pack(_mask(crc))]
 
 
 # -- protobuf wire format, just what tf.train.Example needs -------------------
@@ -299,7 +325,7 @@ class TFRecordWriter(ShardWriter):
         def put(_: int, header: bytes, payload: bytes | memoryview) -> None:
             head = unpack_header(header)
             features = clip_features(header, payload, self.codec.parts(payload, head.shape), head)
-            part.append(frame_record(b"".join(encode_example(features))))
+            part.append(frame_record(*encode_example(features)))
 
         try:
             record = self.drain(video_id, label, gen, put)

@@ -1,0 +1,384 @@
+"""Start shard processes by forking a warm server instead of starting Python afresh.
+
+A shard process needs numpy, PyAV, lmdb and this package: about 0.3-0.5 s of
+interpreter start-up and imports on a 2-core VM, paid again for every shard
+(four times in a two-core job of any size), which measured about 18% of all
+the CPU time a 48-video conversion used. The fork server is one
+``python -m convert.forkserver`` per job process that imports all of that
+once, then forks a child per shard (a few milliseconds); the child runs
+``convert.shard_worker.main`` exactly as ``python -m convert.shard_worker``
+would, with the given pipes as stdin and stdout, the shard's log as stderr, the
+caller's environment and working directory.
+
+The server is the children's parent, so it reaps them and sends each exit
+status (negative for a signal, as ``subprocess`` reports it) down a pipe the
+caller handed over; ``ForkedProcess`` reads it and offers the part of
+``subprocess.Popen`` the supervisor uses. The server is single-threaded when
+it forks (OpenBLAS is kept to one thread, nothing else starts threads), and
+it exits when the process that started it closes its socket, however that
+process ends.
+
+Anything the server cannot do (it failed to start, died, or the platform has
+no ``fork``/``SCM_RIGHTS``) makes ``spawn`` return None, and the caller starts
+the shard process the ordinary way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+_STATUS = struct.Struct("<i")
+_MAX_MESSAGE = 1 << 20
+_MAIN_MODULE = "convert.shard_worker"
+
+
+# -- the caller's side ----------------------------------------------------------
+class ForkedProcess:
+    """A child of the fork server, with the part of ``subprocess.Popen``'s interface the supervisor uses."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], status_fd: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._status_fd = status_fd
+        _running.add(pid)
+        try:
+            # A pidfd names this very process even after its pid is reused: kill() never hits another one.
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def _collect(self, timeout: float | None) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        ready, _, _ = select.select([self._status_fd], [], [], timeout)
+        if not ready:
+            return None
+        data = os.read(self._status_fd, _STATUS.size)
+        if len(data) == _STATUS.size:
+            self.returncode = _STATUS.unpack(data)[0]
+        else:
+            # The server died before the child: its status is lost. Make sure the
+            # child is gone too, and say "exited with status 255" rather than guess.
+            log.warning("fork server lost before shard process %d ended; its exit status is unknown", self.pid)
+            self._signal(signal.SIGKILL)
+            self.returncode = 255
+        os.close(self._status_fd)
+        _running.discard(self.pid)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._collect(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        rc = self._collect(timeout)
+        if rc is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return rc
+
+    def _signal(self, sig: int) -> None:
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass  # already gone: its status is on the way
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._signal(signal.SIGKILL)
+
+
+class _Server:
+    """The running fork server and the socket to it (one per process, shared by the supervisor threads)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(env)
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool would be a thread at fork time
+        self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL)
+        theirs.close()
+        # A server that does not answer within this long is killed and the shard
+        # process started the ordinary way (killed first, so it cannot fork late).
+        ours.settimeout(120)
+        self.sock = ours
+        self.lock = threading.Lock()
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
+        """Ask for a child; its pid. OSError when the server is gone or refuses."""
+        message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+        if len(message) > _MAX_MESSAGE:
+            raise OSError(f"request of {len(message)} bytes is too large for the fork server")
+        with self.lock:
+            socket.send_fds(self.sock, [message], fds)
+            reply = self.sock.recv(4096)
+        if not reply:
+            raise OSError("fork server closed its socket")
+        answer = json.loads(reply)
+        if "pid" not in answer:
+            raise OSError(f"fork server: {answer.get('error')}")
+        return int(answer["pid"])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_server: _Server | None = None
+_server_failed = False
+_server_lock = threading.Lock()
+_running: set[int] = set()  # pids of children whose exit status has not come back yet
+
+
+def _forget_after_fork() -> None:
+    """A forked copy of this process must not talk to (or keep alive) its parent's server."""
+    global _server, _server_lock
+    _server_lock = threading.Lock()
+    _running.clear()
+    if _server is not None:
+        _server.sock.close()
+    _server = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def stop() -> None:
+    """Close the server's socket; wait for it to end (at once) unless shard processes of ours still run.
+
+    Runs at exit. A job that stops on one shard's error leaves the others'
+    processes running: the server outlives this process until they have
+    ended (they see their stdin close and exit, as before the server), and
+    is not waited for. A later ``spawn`` starts a new server.
+    """
+    global _server
+    with _server_lock:
+        server, _server = _server, None
+    if server is None:
+        return
+    server.close()
+    if _running:
+        return
+    try:
+        server.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+atexit.register(stop)
+
+
+def available() -> bool:
+    return hasattr(os, "fork") and hasattr(socket, "send_fds") and sys.platform.startswith("linux")
+
+
+def prestart(env: dict[str, str]) -> None:
+    """Start the server now (it imports while the caller plans); later ``spawn`` calls reuse it."""
+    _get(env)
+
+
+def _discard(server: _Server) -> None:
+    """Kill a server that failed a request; the next ``spawn`` starts a new one."""
+    global _server
+    server.proc.kill()
+    server.proc.wait()
+    server.close()
+    with _server_lock:
+        if _server is server:
+            _server = None
+
+
+def _get(env: dict[str, str]) -> _Server | None:
+    global _server, _server_failed
+    if not available() or _server_failed:
+        return None
+    with _server_lock:
+        if _server is not None and _server.proc.poll() is not None:
+            log.warning("fork server exited with status %s; starting another", _server.proc.returncode)
+            _server.close()
+            _server = None
+        if _server is None:
+            try:
+                _server = _Server(env)
+            except OSError as exc:
+                log.warning("cannot start the fork server (%s); shard processes start the ordinary way", exc)
+                _server_failed = True
+        return _server
+
+
+def spawn(argv: list[str], *, env: dict[str, str], stderr: int) -> ForkedProcess | None:
+    """``python -m convert.shard_worker ARGV`` as a child of the fork server; None when that cannot be done.
+
+    Its stdin and stdout are new pipes (``.stdin``, ``.stdout``), its stderr
+    the descriptor ``stderr``; it sees ``env`` as its environment and this
+    process's working directory as its own.
+    """
+    server = _get(env)
+    if server is None:
+        return None
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        pid = server.spawn(argv, env, os.getcwd(), [in_r, out_w, stderr, status_w])
+    except OSError as exc:
+        for fd in (in_r, in_w, out_r, out_w, status_r, status_w):
+            os.close(fd)
+        log.warning("fork server failed (%s); starting the shard process the ordinary way", exc)
+        _discard(server)
+        return None
+    for fd in (in_r, out_w, status_w):
+        os.close(fd)
+    return ForkedProcess(pid, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), status_r,
+                         [sys.executable, "-m", _MAIN_MODULE, *argv])
+
+
+# -- the server's side ----------------------------------------------------------
+def _exit_code(status: int) -> int:
+    return os.waitstatus_to_exitcode(status)
+
+
+def _run_child(argv: list[str]) -> int:
+    """What ``python -m convert.shard_worker ARGV`` does, in this forked process; its exit status."""
+    from convert.shard_worker import main
+
+    sys.argv = [_MAIN_MODULE, *argv]
+    try:
+        return main(argv) or 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - the interpreter's own policy: print the traceback, exit 1
+        traceback.print_exc()
+        return 1
+
+
+def _child(fds: list[int], request: dict, close: list[int]) -> None:
+    stdin_fd, stdout_fd, stderr_fd, status_fd = fds
+    for fd in [status_fd, *close]:
+        os.close(fd)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
+        os.dup2(fd, target)
+    for fd in {stdin_fd, stdout_fd, stderr_fd} - {0, 1, 2}:
+        os.close(fd)
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    rc = _run_child(request["argv"])
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    os._exit(rc & 0xFF if rc >= 0 else 1)
+
+
+def serve(fd: int) -> int:
+    """The server's loop: fork a child per request on socket ``fd``; return when the socket closes."""
+    # The imports every child would otherwise repeat (PyAV too: convert.decode imports it on first use).
+    import av  # noqa: F401
+    import convert.shard_worker  # noqa: F401
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job and its shards; we end with the job
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    status: dict[int, int] = {}  # child pid -> the write end of its status pipe
+
+    def reap() -> None:
+        while status:
+            try:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fd_ = status.pop(pid, None)
+            if fd_ is not None:
+                try:
+                    os.write(fd_, _STATUS.pack(_exit_code(st)))
+                except OSError:
+                    pass  # the caller has gone
+                os.close(fd_)
+
+    accepting = True
+    while accepting or status:
+        # Once the job has closed its socket, the children it left running (a
+        # job that stopped on one shard's error) still end as they would have
+        # as its own: they see their stdin close, finish, and are reaped here.
+        ready, _, _ = select.select([sock, wake_r] if accepting else [wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            reap()
+        if sock not in ready:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
+        except ConnectionResetError:
+            message, fds = b"", []
+        if not message:
+            for fd_ in fds:
+                os.close(fd_)
+            accepting = False
+            continue
+        try:
+            if len(fds) != 4:
+                raise ValueError(f"expected 4 descriptors, got {len(fds)}")
+            request = json.loads(message)
+            pid = os.fork()
+        except (ValueError, OSError) as exc:
+            for fd_ in fds:
+                os.close(fd_)
+            sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            continue
+        if pid == 0:
+            try:
+                _child(fds, request, [sock.detach(), wake_r, wake_w, *status.values()])
+            except BaseException:  # noqa: BLE001 - setting up the child failed: say why, in its log
+                traceback.print_exc()
+            os._exit(1)
+        for fd_ in fds[:3]:
+            os.close(fd_)
+        status[pid] = fds[3]
+        sock.send(json.dumps({"pid": pid}).encode())
+        reap()  # a child may already have ended
+    return 0
+
+
+if __name__ == "__main__":
+    # Straight out, without the interpreter's teardown of numpy and PyAV
+    # (tens of ms the job would wait for at its own exit).
+    os._exit(serve(int(sys.argv[1])))

@@ -1,0 +1,159 @@
+"""Shard processes forked by the fork server behave as ``python -m convert.shard_worker`` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from convert import forkserver
+from convert.job import JobOptions, run_job
+from convert.plan import ConvertConfig
+from convert.supervise import ShardOptions, _Child, last_error
+
+from .conftest import shared_video
+
+pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork server on this platform")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[str, dict]:
+    """A finished one-shard conversion of one real video, and its manifest."""
+    root = tmp_path_factory.mktemp("fs")
+    (root / "videos" / "a").mkdir(parents=True)
+    os.symlink(shared_video("mmaction2__part_0.mp4"), root / "videos" / "a" / "v.mp4")
+    out = str(root / "out")
+    manifest = run_job(str(root / "videos"), out, ConvertConfig(), JobOptions(workers=1, progress=False))
+    return out, manifest
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_shard_process_answers_and_exits_the_same_forked_or_started(finished, monkeypatch, forked):
+    out, manifest = finished
+    monkeypatch.setenv("CONVERT_FORKSERVER", "1" if forked else "0")
+    child = _Child(out, 0, ShardOptions())
+    try:
+        if forked:
+            assert isinstance(child.proc, forkserver.ForkedProcess)
+            assert _ppid(child.proc.pid) == forkserver._server.proc.pid
+        else:
+            assert isinstance(child.proc, subprocess.Popen)
+        hello = child.read(timeout=60)
+        assert {k: hello[k] for k in ("ready", "done", "complete")} == {"ready": True, "done": [0], "complete": True}
+        child.send({"op": "finish"})
+        summary = child.read(timeout=60)
+        assert summary["finished"] is True and summary["sha256"] == manifest["shards"][0]["sha256"]
+        assert child.read(timeout=60) is None  # it closed its end
+        assert child.reap() == 0
+    finally:
+        child.kill()
+        child.close()
+
+
+def test_a_forked_shard_process_killed_reports_the_signal(finished):
+    out, _ = finished
+    child = _Child(out, 0, ShardOptions())
+    try:
+        assert isinstance(child.proc, forkserver.ForkedProcess)
+        assert child.read(timeout=60)["ready"] is True
+        assert child.proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=0.05)
+        assert child.kill() == -signal.SIGKILL
+        assert child.proc.poll() == -signal.SIGKILL  # and stays so
+    finally:
+        child.close()
+
+
+def test_a_forked_shard_process_that_fails_ends_as_a_started_one_does(tmp_path, monkeypatch):
+    """Same exit status, same traceback in the log; a relative OUT is found from the caller's folder."""
+    monkeypatch.chdir(tmp_path)
+    ends = {}
+    for forked in ("0", "1"):
+        monkeypatch.setenv("CONVERT_FORKSERVER", forked)
+        out = f"empty-{forked}"  # holds no plan: the shard process fails on start
+        os.makedirs(out)
+        child = _Child(out, 0, ShardOptions())
+        try:
+            assert isinstance(child.proc, forkserver.ForkedProcess) == (forked == "1")
+            assert child.read(timeout=60) is None
+            rc = child.reap()
+            with open(os.path.join(out, "logs", "shard-00000.log")) as fh:
+                ends[forked] = (rc, last_error(fh.read()), child.failure(rc))
+        finally:
+            child.close()
+    assert ends["1"] == ends["0"]
+    rc, error, failure = ends["1"]
+    assert rc == 1 and error is not None and failure == error
+
+
+def test_each_forked_process_gets_the_environment_of_its_caller_at_that_moment(tmp_path, monkeypatch):
+    """The server is started once per process; a fault set afterwards must still reach the shard processes."""
+    tree = tmp_path / "videos"
+    (tree / "a").mkdir(parents=True)
+    for name in ("mmaction2__part_0.mp4", "mmcv__test.mp4"):
+        os.symlink(shared_video(name), tree / "a" / name)
+    opts = JobOptions(workers=1, progress=False, shard=ShardOptions(retries=0))
+    run_job(str(tree), str(tmp_path / "before"), ConvertConfig(), opts)
+    assert forkserver._server is not None and forkserver._server.proc.poll() is None
+    monkeypatch.setenv("CONVERT_TEST_FAULT", "crash:a/mmcv__test")
+    run_job(str(tree), str(tmp_path / "after"), ConvertConfig(), opts)
+    with open(tmp_path / "after" / "report.jsonl") as fh:
+        report = [json.loads(line) for line in fh]
+    assert [(r["id"], r["status"]) for r in report] == [("a/mmcv__test", "failed")]
+    assert report[0]["reason"].startswith("decoder process killed by SIGSEGV")
+
+
+def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
+    """A request the server cannot answer starts that shard process the ordinary way; the next one gets a new server."""
+    out, _ = finished
+
+    def one_shard() -> subprocess.Popen | forkserver.ForkedProcess:
+        child = _Child(out, 0, ShardOptions())
+        try:
+            assert child.read(timeout=60)["complete"] is True
+            child.send({"op": "finish"})
+            assert child.read(timeout=60)["finished"] is True
+            assert child.reap() == 0
+            return child.proc
+        finally:
+            child.kill()
+            child.close()
+
+    assert isinstance(one_shard(), forkserver.ForkedProcess)
+    broken = forkserver._server
+    broken.sock.close()  # the request fails: the server is killed and the shard process started afresh
+    assert isinstance(one_shard(), subprocess.Popen)
+    assert broken.proc.poll() is not None and forkserver._server is None  # gone (it may see its socket close first)
+    assert isinstance(one_shard(), forkserver.ForkedProcess)  # a new server
+    dead = forkserver._server
+    dead.proc.kill()
+    dead.proc.wait()
+    assert isinstance(one_shard(), forkserver.ForkedProcess) and forkserver._server is not dead
+
+
+def test_a_server_closed_while_its_children_run_stays_until_they_end(finished):
+    """A job stopping on one shard's error leaves the other shard processes to end as they would have."""
+    out, manifest = finished
+    child = _Child(out, 0, ShardOptions())
+    try:
+        assert isinstance(child.proc, forkserver.ForkedProcess)
+        server = forkserver._server
+        assert child.read(timeout=60)["ready"] is True
+        forkserver.stop()  # what the job's exit does: it does not wait, nor kill the running child
+        assert forkserver._server is None and server.proc.poll() is None
+        child.send({"op": "finish"})
+        assert child.read(timeout=60)["sha256"] == manifest["shards"][0]["sha256"]
+        assert child.reap() == 0  # the status still comes from the server ...
+        assert server.proc.wait(timeout=10) == 0  # ... which then ends
+    finally:
+        child.kill()
+        child.close()
