@@ -31,8 +31,9 @@ from joblib import Parallel, delayed
 
 from . import forkserver
 from .decode import FrameSpec, VideoDecoder
-from .job import JobOptions, _cpu_count, run_job
+from .job import JobOptions, run_job
 from .plan import ConvertConfig
+from .system import cpu_count
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
 TINY = "mmaction2__part_0.mp4"  # 32 frames: the start-up measurement's video
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", default=DEFAULT_SHARED, help="folder with the real test videos")
     p.add_argument("--videos", default="50,200",
                    help="comma-separated job sizes: each uses the real videos in turn, as that many videos")
-    p.add_argument("--workers", type=int, default=_cpu_count(), help="processes (default: the CPUs this process may use)")
+    p.add_argument("--workers", type=int, default=cpu_count(), help="processes (default: the CPUs this process may use)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each row is shown")
     p.add_argument("--tmp", default=None, help="scratch folder (default: a temp dir, removed after)")
     args = p.parse_args(argv)
