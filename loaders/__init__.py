@@ -12,8 +12,7 @@ library only).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from convert.system import lazy_exports
 
 _LAZY = {
     "ClipBatch": "dataset", "ClipDataset": "dataset", "LmdbClipDataset": "dataset", "collate": "dataset",
@@ -25,10 +24,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'loaders' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_exports(__name__, _LAZY)
