@@ -147,6 +147,15 @@ def iter_prefix(txn: lmdb.Transaction, prefix: bytes):
         yield key, value
 
 
+def clip_key_count(txn: lmdb.Transaction) -> int:
+    """Number of ``c/`` keys stored, counted by keys only: a damaged value size must not be followed (it
+    could point past the file)."""
+    cur = txn.cursor()
+    if not cur.set_range(CLIP_PREFIX):
+        return 0
+    return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
+
+
 def _records(txn: lmdb.Transaction, where: str, file_size: int) -> list[VideoRecord]:
     out = []
     for key, value in iter_prefix(txn, DONE_PREFIX):
@@ -297,7 +306,7 @@ class LmdbWriter(ShardWriter):
         """Counts, value bytes and the content checksum, from what the shard holds."""
         with self.env.begin(buffers=True) as txn:
             records = _records(txn, self.path, os.path.getsize(os.path.join(self.path, DATA_FILE)))
-            stored = sum(1 for _ in iter_prefix(txn, CLIP_PREFIX))
+            stored = clip_key_count(txn)
             value_bytes = 0
 
             def headers() -> Iterator[memoryview]:
@@ -453,11 +462,7 @@ class LmdbReader(ShardReader):
     def clip_keys(self) -> int:
         """Number of ``c/`` keys actually stored (verify compares it with the records)."""
         with self._txn() as txn:
-            cur = txn.cursor()
-            if not cur.set_range(CLIP_PREFIX):
-                return 0
-            # Keys only: a damaged value size must not be followed (it could point past the file).
-            return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
+            return clip_key_count(txn)
 
     def checksum(self, version: int) -> str:
         if version >= 2:
