@@ -378,14 +378,12 @@ class LmdbReader(ShardReader):
             raise ShardMissing(f"{path}: shard missing (no {DATA_FILE})")
         self._env()  # open now: a missing or damaged shard fails here, not mid-epoch
         self.file_size = os.path.getsize(os.path.join(path, DATA_FILE))
-        self._meta: dict | None = None
-        self._complete: dict | None = None
         self._records: list[VideoRecord] | None = None
         with self._txn() as txn:
             raw = txn.get(SHARD_KEY)
             done = txn.get(COMPLETE_KEY)
-            self._meta = json.loads(bytes(raw)) if raw is not None else None
-            self._complete = json.loads(bytes(done)) if done is not None else None
+            self._meta: dict | None = json.loads(bytes(raw)) if raw is not None else None
+            self._complete: dict | None = json.loads(bytes(done)) if done is not None else None
 
     def _env(self) -> lmdb.Environment:
         # Asked of the process-wide cache on every use, never kept: a reader
