@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -12,12 +11,11 @@ from convert.format import FormatError
 from convert.verify import verify
 from loaders import open_clips
 
-from .loaders_fixtures import loader_base, raw_root  # noqa: F401
+from .loaders_fixtures import copy_conversion, loader_base, raw_root  # noqa: F401
 
 
 def _tampered(root: str, tmp_path, change) -> str:
-    out = str(tmp_path / "c")
-    shutil.copytree(root, out, ignore=shutil.ignore_patterns("lock.mdb"))
+    out = copy_conversion(root, str(tmp_path / "c"))
     path = os.path.join(out, "manifest.json")
     manifest = json.load(open(path))
     change(manifest)

@@ -18,7 +18,7 @@ from convert.format import FormatError
 from loaders import ClipDataset, open_clips
 
 from .conftest import ROOT
-from .loaders_fixtures import converted, loader_base, raw_root  # noqa: F401
+from .loaders_fixtures import converted, copy_conversion, loader_base, raw_root  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +142,7 @@ def test_kill_9_then_rerun_gives_identical_files_and_manifest(synth_videos, tmp_
 
 @pytest.fixture()
 def damaged(tf_roots, tmp_path):
-    root = str(tmp_path / "damaged")
-    shutil.copytree(tf_roots["raw"], root)
+    root = copy_conversion(tf_roots["raw"], str(tmp_path / "damaged"))
     data, idx = _files(root)[0]
     return root, data, idx
 

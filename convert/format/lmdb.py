@@ -147,6 +147,15 @@ def iter_prefix(txn: lmdb.Transaction, prefix: bytes):
         yield key, value
 
 
+def clip_key_count(txn: lmdb.Transaction) -> int:
+    """Number of ``c/`` keys stored, counted by keys only: a damaged value size must not be followed (it
+    could point past the file)."""
+    cur = txn.cursor()
+    if not cur.set_range(CLIP_PREFIX):
+        return 0
+    return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
+
+
 def _records(txn: lmdb.Transaction, where: str, file_size: int) -> list[VideoRecord]:
     out = []
     for key, value in iter_prefix(txn, DONE_PREFIX):
@@ -297,7 +306,7 @@ class LmdbWriter(ShardWriter):
         """Counts, value bytes and the content checksum, from what the shard holds."""
         with self.env.begin(buffers=True) as txn:
             records = _records(txn, self.path, os.path.getsize(os.path.join(self.path, DATA_FILE)))
-            stored = sum(1 for _ in iter_prefix(txn, CLIP_PREFIX))
+            stored = clip_key_count(txn)
             value_bytes = 0
 
             def headers() -> Iterator[memoryview]:
@@ -369,14 +378,12 @@ class LmdbReader(ShardReader):
             raise ShardMissing(f"{path}: shard missing (no {DATA_FILE})")
         self._env()  # open now: a missing or damaged shard fails here, not mid-epoch
         self.file_size = os.path.getsize(os.path.join(path, DATA_FILE))
-        self._meta: dict | None = None
-        self._complete: dict | None = None
         self._records: list[VideoRecord] | None = None
         with self._txn() as txn:
             raw = txn.get(SHARD_KEY)
             done = txn.get(COMPLETE_KEY)
-            self._meta = json.loads(bytes(raw)) if raw is not None else None
-            self._complete = json.loads(bytes(done)) if done is not None else None
+            self._meta: dict | None = json.loads(bytes(raw)) if raw is not None else None
+            self._complete: dict | None = json.loads(bytes(done)) if done is not None else None
 
     def _env(self) -> lmdb.Environment:
         # Asked of the process-wide cache on every use, never kept: a reader
@@ -453,11 +460,7 @@ class LmdbReader(ShardReader):
     def clip_keys(self) -> int:
         """Number of ``c/`` keys actually stored (verify compares it with the records)."""
         with self._txn() as txn:
-            cur = txn.cursor()
-            if not cur.set_range(CLIP_PREFIX):
-                return 0
-            # Keys only: a damaged value size must not be followed (it could point past the file).
-            return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
+            return clip_key_count(txn)
 
     def checksum(self, version: int) -> str:
         if version >= 2:

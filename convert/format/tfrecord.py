@@ -37,7 +37,7 @@ import numpy as np
 
 from .base import (ClipProducer, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord, Visitor,
                    WriterOptions, headers_checksum, sort_records)
-from .layout import FormatError, ShardMissing, unpack_header
+from .layout import ClipHeader, FormatError, ShardMissing, unpack_header
 
 META_FILE = "shard.json"
 COMPLETE_FILE = "complete.json"
@@ -537,7 +537,8 @@ class TFRecordReader(ShardReader):
                               f"entry {length - 16}")
         return view[12:12 + n]
 
-    def _clip(self, video_id: str, clip_index: int):
+    def _clip(self, video_id: str, clip_index: int) -> tuple[memoryview, ClipHeader, memoryview]:
+        """(header bytes, header, payload) of one clip, its identity checked against the header."""
         where = self._where.get(video_id)
         if where is None:
             raise FormatError(f"{self.where(video_id, clip_index)}: no such video in the shard")
@@ -552,21 +553,20 @@ class TFRecordReader(ShardReader):
         if (head.video_id, head.clip_index) != (video_id, clip_index):
             raise FormatError(f"{self.where(video_id, clip_index)}: header says {head.video_id!r} clip "
                               f"{head.clip_index}")
-        return header, head, payload, features
+        return header, head, payload
 
     def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
         for pos, (vid, c) in enumerate(clips):
             try:
-                _, head, payload, _ = self._clip(vid, c)
+                _, head, payload = self._clip(vid, c)
                 fn(pos, head, payload)
             except FormatError as exc:
                 raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
 
-    def iter_clips(self) -> Iterator[tuple[memoryview, object, memoryview]]:
+    def iter_clips(self) -> Iterator[tuple[memoryview, ClipHeader, memoryview]]:
         for rec in self._records:
             for c in range(rec.clips):
-                header, head, payload, _ = self._clip(rec.video_id, c)
-                yield header, head, payload
+                yield self._clip(rec.video_id, c)
 
     def check_storage(self) -> list[str]:
         """Every record's framing CRCs, the index files against a fresh scan, the redundant features."""
