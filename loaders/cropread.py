@@ -14,7 +14,26 @@ import numpy as np
 
 from convert.format import ClipHeader, FormatError, check_crc, codec_for_id
 
-from .presets import ClipPreset, apply
+from .presets import ClipPreset, CropParams, apply
+
+
+def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, epoch: int, index: int, *,
+                   num_classes: int, verify: bool = False) -> CropParams:
+    """The preset's crop of one stored clip for (epoch, index), after the checks every reader makes.
+
+    ``verify`` checks the payload's CRC-32 first. A label outside the
+    manifest's ``num_classes`` or a clip the preset cannot crop raises
+    ``FormatError`` without a location; the caller (``ClipStore.visit``) adds
+    the shard and clip.
+    """
+    if verify:
+        check_crc(payload, header)
+    if not 0 <= header.label < num_classes:
+        raise FormatError(f"label {header.label} outside the {num_classes} classes of the manifest")
+    try:
+        return preset.params(epoch, index, header.shape)
+    except ValueError as exc:
+        raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
 
 
 def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: ClipPreset, epoch: int,
@@ -24,14 +43,7 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
     Data problems raise ``FormatError`` without a location; the caller
     (``ClipStore.visit``) adds the shard and clip.
     """
-    if verify:
-        check_crc(payload, header)
-    if not 0 <= header.label < num_classes:
-        raise FormatError(f"label {header.label} outside the {num_classes} classes of the manifest")
-    try:
-        params = preset.params(epoch, index, header.shape)
-    except ValueError as exc:
-        raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
+    params = checked_params(header, payload, preset, epoch, index, num_classes=num_classes, verify=verify)
     if params.t is None or out.shape[0] != params.t:
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
     frames = codec_for_id(header.codec_id).window(payload, header.shape, params.t0, params.t)
@@ -41,4 +53,4 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
         raise FormatError(str(exc)) from exc
 
 
-__all__ = ["crop_into"]
+__all__ = ["checked_params", "crop_into"]

@@ -44,7 +44,6 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
     raise ImportError(f"loaders.dali needs NVIDIA DALI: pip install nvidia-dali-cuda120 ({_exc})") from None
 
 import gc
-import os
 import weakref
 from typing import Any, Iterator, Sequence
 
@@ -52,6 +51,7 @@ import numpy as np
 import torch
 
 from convert.format import Codec, FormatError, read_manifest
+from convert.system import cpu_count
 
 from .clipstore import ClipStore, DatasetError, open_clips
 from .dali_source import _ClipSource, _Order, _Stream
@@ -101,7 +101,7 @@ def _build_pipeline(source: _ClipSource, *, codec: Codec, frames: int, batch_siz
                     workers: int, prefetch: int, start_method: str, preset: ClipPreset, normalize: bool,
                     hint: int) -> Pipeline:
     """The graph: source -> (codec's decode) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
-    threads = max(1, min(4, os.cpu_count() or 1))
+    threads = max(1, min(4, cpu_count()))
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0,
                     prefetch_queue_depth=prefetch, py_num_workers=max(1, workers), py_start_method=start_method,
                     **pipeline_options())

@@ -291,13 +291,13 @@ def native_self_check(roots: Sequence[str] | None = None, *, device_id: int | No
             # 20 videos of 3 s, a clip every 2 frames: ~740 clips, enough for batches of 128.
             roots = _synth_roots(tmp, todo, backend="tfrecord", per_class=4, seconds=3.0, step=2)
         for root in roots:
-            codec = open_clips(root).manifest["codec"]
+            store = open_clips(root)
+            codec = store.manifest["codec"]
             if device_id is None and codec not in cpu_codecs():
                 results[codec] = {"skipped": "no CPU decoder in DALI"}
                 print(f"  native {codec:<5} skipped: DALI decodes it on the GPU only", flush=True)
                 continue
-            lossless = open_clips(root).codec.lossless
-            tolerance = 0 if lossless or device_id is None else 2
+            tolerance = 0 if store.codec.lossless or device_id is None else 2
             row: dict = {"max_diff": _native_values(root, device_id=device_id, batch_size=min(batch_sizes),
                                                     threads=threads, tolerance=tolerance, batches=check_batches)}
             row["resume"] = _native_resume(root, device_id=device_id, batch_size=min(batch_sizes), threads=threads)

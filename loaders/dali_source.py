@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from convert.format import ClipHeader, FormatError, check_crc, codec_for_id
+from convert.format import ClipHeader, codec_for_id
 
 from .clipstore import ClipStore
+from .cropread import checked_params
 from .presets import ClipPreset
 from .sampler import DistributedClipSampler
 
@@ -133,14 +134,8 @@ class _ClipSource:
         return out[0]
 
     def _sample(self, header: ClipHeader, payload: memoryview, epoch: int, index: int) -> tuple[np.ndarray, ...]:
-        if self.verify:
-            check_crc(payload, header)
-        if not 0 <= header.label < self.num_classes:
-            raise FormatError(f"label {header.label} outside the {self.num_classes} classes of the manifest")
-        try:
-            p = self.preset.params(epoch, index, header.shape)
-        except ValueError as exc:
-            raise FormatError(f"stored clip of shape {header.shape} does not suit the preset: {exc}") from exc
+        p = checked_params(header, payload, self.preset, epoch, index, num_classes=self.num_classes,
+                           verify=self.verify)
         codec = codec_for_id(header.codec_id)
         t = p.t if p.t is not None else header.shape[0] - p.t0
         # Copies: the payload is a view into the shard, valid only inside visit().

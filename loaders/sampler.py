@@ -235,11 +235,12 @@ class VideoEpochSampler(DistributedClipSampler):
         with np.errstate(over="ignore"):
             base = _mix64(np.uint64(self.seed) * _GOLDEN + _mix64(np.uint64(epoch) + _GOLDEN))
             keys = _mix64(base ^ _mix64(video * _GOLDEN + within.astype(np.uint64)))
-        order = np.lexsort((keys, video))  # clips by video, then key
-        rank = within  # position of each sorted clip inside its video's run (runs keep their place)
+        # Clips by video, then key. The videos' runs keep their place (video is already sorted), so
+        # sorted position p holds a clip of video[p], ranked within[p] in that video by key.
+        order = np.lexsort((keys, video))
         out = np.empty((self.num_videos, k), dtype=np.int64)
-        take = rank < k
-        out[video[order][take].astype(np.int64), rank[take]] = order[take]
+        take = within < k
+        out[video[take].astype(np.int64), within[take]] = order[take]
         for v in np.flatnonzero(self.video_count < k).tolist():  # fewer clips than k: all, then random repeats
             count, start = int(self.video_count[v]), int(self.video_start[v])
             rng = np.random.default_rng((self.seed, epoch, v))

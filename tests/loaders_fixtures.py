@@ -29,6 +29,16 @@ def converted(src: str, base: str, name: str, **config) -> str:
     return _BUILT[key]
 
 
+def tfrecord_converted(src: str, base: str, codec: str) -> str:
+    """``src`` as a TFRecord conversion with ``codec`` (3 shards), made once per session under one name.
+
+    Every test module that reads TFRecord shards of the synthetic videos gets
+    them here, so ``converted``'s cache (by name) never hands one module a
+    conversion another made with other settings.
+    """
+    return converted(src, base, f"tf_{codec}", codec=codec, backend="tfrecord")
+
+
 @pytest.fixture(scope="session")
 def loader_base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "loader_shards")

@@ -22,7 +22,7 @@ from loaders.dali import DaliClipLoader, build_dali_loader  # noqa: E402
 from loaders.dali_native import DaliTFRecordLoader, padded_steps, shard_sizes  # noqa: E402
 from loaders.presets import resize_bilinear  # noqa: E402
 
-from .loaders_fixtures import converted, loader_base, raw_root  # noqa: E402,F401
+from .loaders_fixtures import converted, loader_base, raw_root, tfrecord_converted  # noqa: E402,F401
 
 BS = 4
 SIZE = (128, 171)  # the conversions test_format_tfrecord makes too (one conversion per session)
@@ -33,15 +33,14 @@ CROP = 112
 def tf_roots(synth_videos, loader_base) -> dict[str, str]:  # noqa: F811
     """The session's synthetic videos as TFRecord conversions (47 clips of 16 x 128 x 171, 3 shards).
 
-    The same names and settings as test_format_tfrecord's: ``converted`` caches by name.
+    Through ``tfrecord_converted``: the same conversions the other TFRecord tests read.
     """
-    return {codec: converted(synth_videos, loader_base, f"tf_{codec}", codec=codec, backend="tfrecord")
-            for codec in ("raw", "jpeg")}
+    return {codec: tfrecord_converted(synth_videos, loader_base, codec) for codec in ("raw", "jpeg")}
 
 
 @pytest.fixture(scope="module")
 def tf_lz4(synth_videos, loader_base) -> str:  # noqa: F811
-    return converted(synth_videos, loader_base, "tf_lz4", codec="lz4", backend="tfrecord")
+    return tfrecord_converted(synth_videos, loader_base, "lz4")
 
 
 def _epoch(loader: DaliTFRecordLoader) -> list[dict]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import struct
 import threading
@@ -21,7 +20,7 @@ from loaders import (ClipDataset, DatasetError, DistributedClipSampler, LoaderTi
                      build_loader, default_threads, loader_meter, open_clips)
 
 from .loaders_fixtures import (converted, copy_conversion, jpeg_root, loader_base, lz4_root, raw_root,  # noqa: F401
-                               rewrite_value)
+                               rewrite_value, tfrecord_converted)
 
 FIELDS = ("clip", "label", "clip_index", "index")
 
@@ -30,7 +29,7 @@ def _root(synth_videos, loader_base, backend: str, codec: str) -> str:  # noqa: 
     # The same names as the other loader and format tests: each conversion is made once per session.
     if backend == "lmdb":
         return converted(synth_videos, loader_base, codec, codec=codec)
-    return converted(synth_videos, loader_base, f"tf_{codec}", codec=codec, backend="tfrecord")
+    return tfrecord_converted(synth_videos, loader_base, codec)
 
 
 def _batches(loader, epoch: int = 0, position: int = 0) -> list[dict]:
