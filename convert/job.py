@@ -257,16 +257,14 @@ def _records(out: str, plan: Plan, index: int) -> list | None:
     path = plan.shard_path(out, index)
     try:
         reader = get_backend(plan.config.backend).reader(path)
+        try:
+            return reader.records()
+        finally:
+            reader.close()
     except ShardMissing:
         return None
     except FormatError as exc:
         raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
-    try:
-        return reader.records()
-    except FormatError as exc:
-        raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
-    finally:
-        reader.close()
 
 
 def _missing_shards(out: str, plan: Plan) -> list[int]:
