@@ -33,6 +33,7 @@ from . import forkserver
 from .decode import FrameSpec, VideoDecoder
 from .job import JobOptions, run_job
 from .plan import ConvertConfig
+from .supervise import package_env
 from .system import cpu_count
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
@@ -160,8 +161,7 @@ def _fresh(tree: str, out: str, workers: int) -> tuple[float, float, float]:
     """A job in a new process, as a user starts one: (its imports, its run_job, ``python -m convert`` in all)."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH")]))}
+    env = package_env()
     shutil.rmtree(out, ignore_errors=True)
     done = subprocess.run([sys.executable, "-c", _FRESH_JOB, tree, out, str(workers)], check=True, env=env,
                           capture_output=True, text=True)

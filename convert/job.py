@@ -209,6 +209,10 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     return list(Parallel(n_jobs=min(workers, len(tasks)), backend="threading", return_as="generator_unordered")(tasks))
 
 
+# A shard summary's fields that its manifest entry keeps ("files": TFRecord shards only).
+SUMMARY_KEYS = ("videos", "clips", "value_bytes", "sha256", "files")
+
+
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
     """Write report.jsonl and, last, manifest.json from what the shards hold."""
     backend = get_backend(plan.config.backend)
@@ -228,7 +232,7 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> dict:
             if rec.status != "ok":
                 records.append({"id": rec.video_id, "path": rec.path, "status": rec.status, "reason": rec.reason})
         entry = {"name": os.path.basename(name), "path": os.path.relpath(name, out), "index": s["index"]}
-        entry.update({k: s[k] for k in ("videos", "clips", "value_bytes", "sha256", "files") if k in s})
+        entry.update({k: s[k] for k in SUMMARY_KEYS if k in s})
         shards.append(entry)
     tmp = os.path.join(out, REPORT + ".tmp")
     with open(tmp, "w") as fh:
@@ -257,16 +261,14 @@ def _records(out: str, plan: Plan, index: int) -> list | None:
     path = plan.shard_path(out, index)
     try:
         reader = get_backend(plan.config.backend).reader(path)
+        try:
+            return reader.records()
+        finally:
+            reader.close()
     except ShardMissing:
         return None
     except FormatError as exc:
         raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
-    try:
-        return reader.records()
-    except FormatError as exc:
-        raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
-    finally:
-        reader.close()
 
 
 def _missing_shards(out: str, plan: Plan) -> list[int]:
@@ -287,7 +289,7 @@ def failed_videos(out: str, plan: Plan) -> dict[int, list[int]]:
 def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
     """The manifest's entries for the shards that are not run again, as run_shard returns them."""
     by_name = {s["name"]: s for s in manifest["shards"]}
-    return [{"index": i, **{k: by_name[shard_name(i)][k] for k in ("videos", "clips", "value_bytes", "sha256")}}
+    return [{"index": i, **{k: v for k, v in by_name[shard_name(i)].items() if k in SUMMARY_KEYS}}
             for i in range(len(plan.shards)) if i not in redo]
 
 

@@ -88,9 +88,14 @@ def last_error(text: str) -> str | None:
     return None
 
 
+def package_env() -> dict[str, str]:
+    """Our environment with this package first on PYTHONPATH: a child Python runs this very copy of it."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])))
+
+
 def shard_env() -> dict[str, str]:
-    """The environment of a shard process: ours, this package first on the path, glibc's heap kept."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PKG_ROOT, os.environ.get("PYTHONPATH")])))
+    """The environment of a shard process: ``package_env()``, glibc's heap kept."""
+    env = package_env()
     # Every clip allocates a few MB (frames, the value, LMDB's overflow
     # pages) and frees them again. glibc would hand such blocks back to the
     # kernel each time and fault fresh zeroed pages in for the next clip;

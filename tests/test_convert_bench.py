@@ -9,8 +9,8 @@ import pytest
 
 from convert import bench
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "testdata",
-                      "videos")
+from .conftest import SHARED_VIDEOS as SHARED
+
 pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(SHARED, bench.TINY)),
                                 reason="../shared/testdata/videos is not beside the checkout")
 

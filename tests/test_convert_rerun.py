@@ -95,6 +95,20 @@ def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp
     assert r.returncode == 0 and "already complete" in r.stdout
 
 
+def test_repairing_a_tfrecord_out_keeps_the_kept_shards_file_lists(tiny_tree, tmp_path):
+    # The manifest's "files" of a kept shard is what DALI's native reader opens; a repair once dropped it.
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    out, config = str(tmp_path / "out"), ConvertConfig(backend="tfrecord")
+    run_job(tiny_tree, out, config, JobOptions(workers=2, shards=2, progress=False))
+    first = _manifest(out)
+    assert all(s["files"] for s in first["shards"])
+    shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
+    run_job(tiny_tree, out, config, JobOptions(workers=2, progress=False))
+    assert _manifest(out) == first
+
+
 def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tree, tmp_path, shared_videos):
     from loaders import open_clips
 
