@@ -57,16 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(saved: dict[str, Any], path: str, classes: list[str]) -> tuple[C3D, TrainConfig]:
-    """The C3D a trainer checkpoint's config describes, with its weights; and that config."""
-    cfg = ckpt_io.saved_config(saved, path)
+def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list[str]) -> C3D:
+    """The C3D that ``cfg`` (the config of checkpoint ``saved``, read from ``path``) describes, with its weights."""
     model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop)
     try:
         model.load_state_dict(strip_prefixes(ckpt_io.model_state(saved)))
     except RuntimeError as exc:
         raise TrainError(f"checkpoint {path}: weights do not fit the model its settings describe "
                          f"({str(exc).splitlines()[0]})") from exc
-    return model, cfg
+    return model
 
 
 def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistInfo) -> TrainConfig:
@@ -92,7 +91,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     ckpt_io.check_classes(saved, shape.classes, opts.checkpoint)
     if shape.clip_len < trained.clip_len:
         raise TrainError(f"--data {opts.data}: clips of {shape.clip_len} frames, the model takes {trained.clip_len}")
-    model, _ = load_model(saved, opts.checkpoint, shape.classes)
+    model = load_model(saved, trained, opts.checkpoint, shape.classes)
     cfg = eval_config(trained, opts, info)
     model.to(info.device).eval()
     if cfg.channels_last:
