@@ -30,6 +30,7 @@ from .config import AMP_DTYPES, TrainConfig, default_workers
 from .data import PROTOCOLS, build_eval_data, dataset_info, reading
 from .engine import evaluate
 from .errors import TrainError
+from .main import eval_line, save_eval, torch_threads
 from .model import C3D, strip_prefixes
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,8 +81,6 @@ def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistI
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
-    from .main import eval_line, save_eval
-
     info = dist.init_distributed(opts.device)
     if opts.eval_clips < 1 or opts.batch_size < 1:
         raise TrainError("--eval-clips and --batch-size must be at least 1")
@@ -135,15 +134,12 @@ def export(path: str, result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     opts = build_parser().parse_args(argv)
-    before = torch.get_num_threads()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     try:
-        run(opts)
+        with torch_threads(opts.threads):
+            run(opts)
     except TrainError as exc:
         print(f"train eval: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        torch.set_num_threads(before)
         dist.cleanup()
     return 0

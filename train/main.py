@@ -399,15 +399,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_with_threads(args) -> dict[str, Any]:
-    """``run`` with ``--threads`` applied for its duration (so library callers get their setting back)."""
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """``--threads`` (when given) for the duration of the block; the previous setting comes back after it,
+    so library callers get theirs back."""
     before = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     try:
-        return run(args)
+        yield
     finally:
         torch.set_num_threads(before)
+
+
+def run_with_threads(args) -> dict[str, Any]:
+    """``run`` with ``--threads`` applied for its duration (``torch_threads``)."""
+    with torch_threads(args.threads):
+        return run(args)
 
 
 def run_argv(argv: list[str]) -> dict[str, Any]:
