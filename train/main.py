@@ -23,7 +23,7 @@ from . import dist
 from .args import build_parser
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig, resolve_config
-from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info, reading
+from .data import build_eval_data, build_train_data, dali_builder, dataset_info, reading
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
-    shape = dataset_info(check_dataset(args.data, "--data"), args.crop_size)
+    shape = dataset_info(args.data, args.crop_size)  # checks the folder first
     classes = shape.classes
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":
