@@ -10,15 +10,9 @@ import pytest
 from train.args import build_parser
 from train.main import main, run_argv
 
-from .train_fixtures import common, final_state, tiny_data  # noqa: F401
+from .train_fixtures import common, final_state, one_line_error, tiny_data  # noqa: F401
 
 ONE_STEP = ["--epochs", "1", "--max-steps", "1", "--batch-size", "8"]
-
-
-def _error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("train: error: ") and "\n" not in err, err
-    return err
 
 
 def test_resume_with_other_model_settings_names_them(tiny_data, tmp_path, capsys):
@@ -26,7 +20,7 @@ def test_resume_with_other_model_settings_names_them(tiny_data, tmp_path, capsys
     code = main(common(tiny_data, tmp_path / "run") + ["--epochs", "1", "--max-steps", "2", "--batch-size", "8",
                                                       "--resume", "--model-width", "0.125", "--optimizer", "adamw"])
     assert code == 2
-    err = _error(capsys)
+    err = one_line_error(capsys)
     assert "was saved with --model-width 0.0625 (this run: 0.125), --optimizer sgd (this run: adamw)" in err
     assert final_state(tmp_path / "run")["step"] == 1  # left alone
 
@@ -35,7 +29,7 @@ def test_out_holding_a_run_needs_resume_or_overwrite(tiny_data, tmp_path, capsys
     run_argv(common(tiny_data, tmp_path / "run") + ONE_STEP)
     before = open(tmp_path / "run" / "metrics.jsonl").read()
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP) == 2
-    err = _error(capsys)
+    err = one_line_error(capsys)
     assert "holds a run (checkpoints): pass --resume to continue it, --overwrite to start it again" in err
     assert open(tmp_path / "run" / "metrics.jsonl").read() == before  # nothing truncated
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP + ["--overwrite"]) == 0
@@ -79,11 +73,11 @@ def test_validation_classes_that_differ_point_to_convert_classes(tiny_data, tmp_
     run_job(manifest["source"]["path"], val, ConvertConfig(size=(40, 52), max_clips=1),
             JobOptions(workers=2, progress=False), classes_file=str(classes))
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP + ["--val-data", val]) == 2
-    err = _error(capsys)
+    err = one_line_error(capsys)
     assert "label numbers would differ" in err and "python -m convert SRC OUT --classes FILE" in err
 
 
 @pytest.mark.parametrize("flag, value", [("--label-smoothing", "1.0"), ("--max-lr", "-1")])
 def test_bad_option_values_are_one_line(tiny_data, tmp_path, capsys, flag, value):
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP + [flag, value]) == 2
-    assert flag in _error(capsys)
+    assert flag in one_line_error(capsys)

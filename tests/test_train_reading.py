@@ -20,16 +20,10 @@ from loaders import ClipDataset, open_clips
 from train.main import main, run_argv
 
 from .loaders_fixtures import copy_conversion, rewrite_value
-from .train_fixtures import common, final_state, tiny_data  # noqa: F401
+from .train_fixtures import common, final_state, one_line_error, tiny_data  # noqa: F401
 
 # 40 clips at batch 8: one epoch reads every clip once.
 EPOCH = ["--epochs", "1", "--batch-size", "8"]
-
-
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("train: error: ") and "\n" not in err, err
-    return err[len("train: error: "):]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +55,7 @@ def test_verify_data_stops_at_the_damaged_clip_naming_shard_and_clip(damaged, tm
     argv = common(damaged["root"], tmp_path / "run") + EPOCH + ["--verify-data", "--loader", loader,
                                                                 "--workers", workers]
     assert main(argv) == 2
-    err = _one_line_error(capsys)
+    err = one_line_error(capsys)
     root = damaged["root"]
     key = clip_key(damaged["video"], damaged["clip"]).decode()
     assert err.startswith(f"--data {root}: {damaged['shard']}: {key}: payload crc32 "), err
@@ -86,7 +80,7 @@ def test_loader_worker_killed_by_a_signal_is_one_line(tiny_data, tmp_path, capsy
     dies = type("Dies", (_DiesInWorker,), {"signum": signum})
     monkeypatch.setattr(train.data, "LmdbClipDataset", dies)
     assert main(common(tiny_data, tmp_path / "run") + EPOCH + ["--loader", "processes", "--workers", "1"]) == 2
-    err = _one_line_error(capsys)
+    err = one_line_error(capsys)
     expected = (rf"a loader worker process \(pid \d+\) was killed by {signum.name} while reading --data "
                 rf"{re.escape(tiny_data)}: python -m convert verify {re.escape(tiny_data)} checks the shards for "
                 rf"damage; the other usual cause is a too-small /dev/shm \(docker run --shm-size 8g; or use "

@@ -24,7 +24,8 @@ import train.data
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
 
-from .train_fixtures import ROOT, assert_states_equal, common, final_state, subprocess_env, tiny_data  # noqa: F401
+from .train_fixtures import (ROOT, assert_states_equal, common, final_state, one_line_error,  # noqa: F401
+                             subprocess_env, tiny_data)
 
 
 def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):
@@ -163,10 +164,8 @@ def test_setup_errors_are_one_line(tiny_data, tmp_path, capsys, monkeypatch, ext
     if "--loader" in extra:
         monkeypatch.setattr(train.data, "dali_installed", lambda: False)  # as on a machine without DALI
     code = main(common(tiny_data, tmp_path / "run") + ["--max-steps", "1", "--batch-size", "8"] + extra)
-    err = capsys.readouterr().err.strip()
     assert code == 2
-    assert err.startswith("train: error: ") and "\n" not in err
-    assert message in err
+    assert message in one_line_error(capsys)
 
 
 def test_device_check_smoke(tiny_data, tmp_path):

@@ -15,9 +15,9 @@ import torch
 from train import checkpoint as ckpt_io
 from train.config import TrainConfig
 
-CPU = torch.device("cpu")
+from .conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU = torch.device("cpu")
 _BUILT: dict[str, str] = {}
 
 
@@ -53,6 +53,13 @@ def assert_states_equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def one_line_error(capsys) -> str:
+    """The message ``python -m train`` printed, after asserting stderr is one ``train: error:`` line."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("train: error: ") and "\n" not in err, err
+    return err[len("train: error: "):]
 
 
 def subprocess_env() -> dict[str, str]:

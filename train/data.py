@@ -129,6 +129,14 @@ class RankSplit(Sampler):
         return len(self.ids)
 
 
+def close_loader(loader: Any) -> None:
+    """Stop a loader's threads or pipelines now (DALI pipelines, reader threads); a DataLoader has
+    nothing to close (its workers end with its iterator)."""
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
+
+
 @dataclass
 class TrainData:
     """Training batches (one optimizer step each) and the sampler state behind them."""
@@ -163,11 +171,8 @@ class TrainData:
         self.sampler.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the loader's threads or pipelines now (DALI pipelines, reader threads); a DataLoader has
-        nothing to close (its workers end with its iterator)."""
-        close = getattr(self.loader, "close", None)
-        if close is not None:
-            close()
+        """Stop the loader's threads or pipelines now (``close_loader``)."""
+        close_loader(self.loader)
 
     def __iter__(self) -> Iterator[dict]:
         # DataLoader draws its workers' base seed from the global torch RNG when
@@ -190,11 +195,8 @@ class EvalData:
     protocol: dict = field(default_factory=dict)
 
     def close(self) -> None:
-        """Stop the loader's threads or pipelines now (DALI pipelines, reader threads); a DataLoader has
-        nothing to close (its workers end with its iterator)."""
-        close = getattr(self.loader, "close", None)
-        if close is not None:
-            close()
+        """Stop the loader's threads or pipelines now (``close_loader``)."""
+        close_loader(self.loader)
 
 
 PROTOCOLS = ("clips", "10x3")

@@ -30,6 +30,7 @@ from .config import AMP_DTYPES, TrainConfig, default_workers
 from .data import PROTOCOLS, build_eval_data, dataset_info, reading
 from .engine import evaluate
 from .errors import TrainError
+from .main import eval_line, save_eval, torch_threads
 from .model import C3D, strip_prefixes
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,16 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(saved: dict[str, Any], path: str, classes: list[str]) -> tuple[C3D, TrainConfig]:
-    """The C3D a trainer checkpoint's config describes, with its weights; and that config."""
-    cfg = ckpt_io.saved_config(saved, path)
+def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list[str]) -> C3D:
+    """The C3D that ``cfg`` (the config of checkpoint ``saved``, read from ``path``) describes, with its weights."""
     model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop)
     try:
         model.load_state_dict(strip_prefixes(ckpt_io.model_state(saved)))
     except RuntimeError as exc:
         raise TrainError(f"checkpoint {path}: weights do not fit the model its settings describe "
                          f"({str(exc).splitlines()[0]})") from exc
-    return model, cfg
+    return model
 
 
 def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistInfo) -> TrainConfig:
@@ -81,8 +81,6 @@ def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistI
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
-    from .main import eval_line, save_eval
-
     info = dist.init_distributed(opts.device)
     if opts.eval_clips < 1 or opts.batch_size < 1:
         raise TrainError("--eval-clips and --batch-size must be at least 1")
@@ -92,7 +90,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     ckpt_io.check_classes(saved, shape.classes, opts.checkpoint)
     if shape.clip_len < trained.clip_len:
         raise TrainError(f"--data {opts.data}: clips of {shape.clip_len} frames, the model takes {trained.clip_len}")
-    model, _ = load_model(saved, opts.checkpoint, shape.classes)
+    model = load_model(saved, trained, opts.checkpoint, shape.classes)
     cfg = eval_config(trained, opts, info)
     model.to(info.device).eval()
     if cfg.channels_last:
@@ -136,15 +134,12 @@ def export(path: str, result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     opts = build_parser().parse_args(argv)
-    before = torch.get_num_threads()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     try:
-        run(opts)
+        with torch_threads(opts.threads):
+            run(opts)
     except TrainError as exc:
         print(f"train eval: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        torch.set_num_threads(before)
         dist.cleanup()
     return 0

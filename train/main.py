@@ -23,7 +23,7 @@ from . import dist
 from .args import build_parser
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig, resolve_config
-from .data import build_eval_data, build_train_data, check_dataset, dali_builder, dataset_info, reading
+from .data import build_eval_data, build_train_data, dali_builder, dataset_info, reading
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
-    shape = dataset_info(check_dataset(args.data, "--data"), args.crop_size)
+    shape = dataset_info(args.data, args.crop_size)  # checks the folder first
     classes = shape.classes
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":
@@ -399,15 +399,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_with_threads(args) -> dict[str, Any]:
-    """``run`` with ``--threads`` applied for its duration (so library callers get their setting back)."""
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """``--threads`` (when given) for the duration of the block; the previous setting comes back after it,
+    so library callers get theirs back."""
     before = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     try:
-        return run(args)
+        yield
     finally:
         torch.set_num_threads(before)
+
+
+def run_with_threads(args) -> dict[str, Any]:
+    """``run`` with ``--threads`` applied for its duration (``torch_threads``)."""
+    with torch_threads(args.threads):
+        return run(args)
 
 
 def run_argv(argv: list[str]) -> dict[str, Any]:
