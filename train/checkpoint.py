@@ -173,7 +173,7 @@ def save_atomic(obj: dict[str, Any], path: str) -> str:
 
 
 def describe_run(out: str) -> str:
-    """What of a training run ``out`` holds ("" when none): its checkpoint's step, or its metrics log."""
+    """What of a training run ``out`` holds ("" when none): "checkpoints", or its metrics log."""
     if os.path.isfile(latest_path(out)) or step_files(out):
         return "checkpoints"
     metrics = os.path.join(out, "metrics.jsonl")
