@@ -40,13 +40,16 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
               index: int, *, num_classes: int, verify: bool = False) -> None:
     """Decode one stored clip and write its crop for (epoch, index) into ``out``.
 
-    Data problems raise ``FormatError`` without a location; the caller
+    ``verify`` checks the payload's CRC-32; codecs whose ``crc_on_crop`` is
+    set (raw) are checked always. Data problems raise ``FormatError`` without a location; the caller
     (``ClipStore.visit``) adds the shard and clip.
     """
-    params = checked_params(header, payload, preset, epoch, index, num_classes=num_classes, verify=verify)
+    codec = codec_for_id(header.codec_id)
+    params = checked_params(header, payload, preset, epoch, index, num_classes=num_classes,
+                            verify=verify or codec.crc_on_crop)
     if params.t is None or out.shape[0] != params.t:
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
-    frames = codec_for_id(header.codec_id).window(payload, header.shape, params.t0, params.t)
+    frames = codec.window(payload, header.shape, params.t0, params.t)
     try:
         apply(frames, dataclasses.replace(params, t0=0), out=out)
     except ValueError as exc:

@@ -45,6 +45,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
+# How long close() waits for the reader threads to end (they have no read in flight by then).
+SHUTDOWN_WAIT = 10.0
+
 __all__ = ["LoaderTimeout", "ThreadedClipLoader"]
 
 
@@ -84,10 +87,27 @@ class _Pool:
         self._tasks.put((future, fn, args))
         return future
 
-    def shutdown(self) -> None:
-        """Let the threads end once the calls queued before this one are done (does not wait)."""
+    def shutdown(self, wait: float = 0.0) -> None:
+        """Let the threads end once the calls queued before this one are done; wait up to ``wait`` s for them.
+
+        Waiting matters at the end of a process: a daemon thread still ending
+        while the interpreter finalizes is stopped by ``pthread_exit`` and
+        the process can abort ("terminate called without an active
+        exception", exit status 134: 2 runs in 8 of a script that closed its
+        loader and exited at once, none once the threads were joined).
+        """
         for _ in self._threads:
             self._tasks.put(None)
+        deadline = time.monotonic() + wait
+        for t in self._threads:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            t.join(remaining)
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
 
 
 class _InlinePool:
@@ -101,8 +121,12 @@ class _InlinePool:
             future.set_exception(exc)
         return future
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: float = 0.0) -> None:
         pass
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return []
 
 
 class _Slot:
@@ -242,7 +266,9 @@ class ThreadedClipLoader:
             self._epoch.close()
             self._epoch = None
         if self._pool is not None:
-            self._pool.shutdown()
+            # The epoch's close waited for the reads in flight, so the threads end at once; the bound
+            # only matters for a read stuck in the kernel, which is left behind as before.
+            self._pool.shutdown(wait=SHUTDOWN_WAIT)
             self._pool = None
             self._slots = None
 

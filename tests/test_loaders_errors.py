@@ -12,7 +12,7 @@ from convert.format.layout import pack_header, unpack_header
 from convert.format.lmdb import clip_key
 from loaders import DatasetError, LmdbClipDataset, open_clips
 
-from .loaders_fixtures import copy_conversion, loader_base, raw_root, rewrite_value  # noqa: F401
+from .loaders_fixtures import copy_conversion, jpeg_root, loader_base, lz4_root, raw_root, rewrite_value  # noqa: F401
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
@@ -76,18 +76,47 @@ def test_corrupt_payload_byte_fails_the_checksum(raw_root, tmp_path):
         LmdbClipDataset(root, train=True, verify_checksums=True)
     msg = _one_line(exc)
     assert shard in msg and key.decode() in msg and "checksum mismatch" in msg and "crc32" in msg
-    # unchecked reads go on (it is the caller's choice), and .verify() finds it on demand
+    # .verify() finds it on demand; a raw crop checks its clip's CRC-32 even unasked (RawCodec.crc_on_crop:
+    # the CRC pass is how a raw crop reads fastest), and names the shard and the key
     ds = LmdbClipDataset(root, train=True)
-    assert ds[5]["clip"].shape == (16, 112, 112, 3)
     with pytest.raises(DatasetError, match="checksum mismatch"):
         ds.verify()
-    # per-read checking names the shard and the key
+    for verify in (False, True):
+        ds.verify_checksums = verify
+        with pytest.raises(DatasetError) as exc:
+            ds[5]
+        msg = _one_line(exc)
+        assert shard in msg and key.decode() in msg and "crc32" in msg
+        assert ds[4]["index"] == 4  # the other clips are fine
+    # the plain reader returns the stored bytes unchecked (it is the caller's choice)
+    assert open_clips(root).get(5).clip.shape == (16, 128, 171, 3)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "jpeg"])
+def test_a_wrong_crc_is_checked_only_when_asked_for_lz4_and_jpeg(codec, lz4_root, jpeg_root, tmp_path):
+    """Decoding codecs read their payload in order anyway: their CRC check stays the caller's choice."""
+    src = {"lz4": lz4_root, "jpeg": jpeg_root}[codec]
+    rel, key = _shard_and_key(src, 5)
+    root = copy_conversion(src, str(tmp_path / "c"))
+    shard = os.path.join(root, rel)
+
+    def wrong_crc(value: bytes) -> bytes:
+        h = unpack_header(value)
+        payload = value[h.offset:]
+        header = pack_header(codec_id=h.codec_id, shape=h.shape, label=h.label, clip_index=h.clip_index,
+                             start_frame=h.start_frame, video_id=h.video_id, payload=payload)
+        crc_at = 28  # FORMAT.md: the payload's CRC-32 is bytes 28-31 of the header
+        return header[:crc_at] + bytes(b ^ 0xFF for b in header[crc_at:crc_at + 4]) + header[crc_at + 4:] + payload
+
+    rewrite_value(shard, key, wrong_crc)
+    ds = LmdbClipDataset(root, train=False)
+    want = LmdbClipDataset(src, train=False)[5]["clip"]
+    assert (ds[5]["clip"] == want).all()  # the pixels are intact, only the stored CRC is wrong
     ds.verify_checksums = True
     with pytest.raises(DatasetError) as exc:
         ds[5]
     msg = _one_line(exc)
     assert shard in msg and key.decode() in msg and "crc32" in msg
-    assert ds[4]["index"] == 4  # the other clips are fine
 
 
 def test_value_replaced_consistently_still_differs_from_the_manifest(raw_root, tmp_path):

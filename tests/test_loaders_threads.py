@@ -96,6 +96,20 @@ def test_ring_slots_are_reused_and_a_batch_holds_until_the_next_is_asked_for(raw
     assert loader.stats(reset=False)["clips"] == len(want) * 4
 
 
+def test_close_mid_epoch_ends_every_reader_thread_before_it_returns(raw_root):  # noqa: F811
+    """A daemon reader thread still ending during interpreter finalization can abort the process (exit
+    status 134); close() joins them, so a script that closes its loader and exits ends cleanly."""
+    ds = ClipDataset(raw_root, train=True)
+    loader = build_loader(ds, batch_size=4, threads=2, prefetch_factor=2, pin_memory=False)
+    loader.sampler.set_epoch(0)
+    batches = iter(loader)
+    next(batches)
+    readers = loader._pool.threads
+    assert len(readers) == 2 and all(t.is_alive() for t in readers)
+    loader.close()
+    assert [t.is_alive() for t in readers] == [False, False]
+
+
 def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):  # noqa: F811
     """Fresh shard paths, so the threads race to open each LMDB environment and map each TFRecord part."""
     from convert.job import JobOptions, run_job

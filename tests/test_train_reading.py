@@ -1,7 +1,7 @@
-"""Reading failures during training: a damaged payload with --verify-data, a loader worker killed by a signal.
+"""Reading failures during training: a damaged payload (raw always, other codecs with --verify-data), a loader
+worker killed by a signal.
 
-Both stop the run with one line that names what happened and what to run,
-instead of a traceback (or, without --verify-data, a damaged clip trained on).
+Both stop the run with one line that names what happened and what to run, instead of a traceback.
 """
 
 from __future__ import annotations
@@ -39,13 +39,18 @@ def damaged(tiny_data, tmp_path_factory):  # noqa: F811
             "original": store.get(13).clip.copy()}
 
 
-def test_flipped_payload_byte_is_read_silently_without_the_option(damaged, tmp_path):
+def test_flipped_payload_byte_read_plainly_and_caught_by_raw_training_even_without_the_option(damaged, tmp_path,
+                                                                                             capsys):
     got = open_clips(damaged["root"]).get(13).clip
     original = damaged["original"]
     assert np.flatnonzero(got != original).tolist() == [original.size - 1]  # one value differs: the last
     assert int(got.flat[-1]) == int(original.flat[-1]) ^ 0xFF
-    s = run_argv(common(damaged["root"], tmp_path / "run") + EPOCH)
-    assert s["step"] == 5 and final_state(tmp_path / "run")["step"] == 5  # trained on it, nothing said
+    # The tiny set is raw, whose crops check the CRC always (RawCodec.crc_on_crop): the default run stops too.
+    assert main(common(damaged["root"], tmp_path / "run") + EPOCH) == 2
+    err = one_line_error(capsys)
+    key = clip_key(damaged["video"], damaged["clip"]).decode()
+    assert err.startswith(f"--data {damaged['root']}: {damaged['shard']}: {key}: payload crc32 "), err
+    assert not os.path.exists(tmp_path / "run" / "checkpoint.pt")
 
 
 @pytest.mark.parametrize("loader, workers", [("threads", "2"), ("processes", "1"), ("dali", "0")])

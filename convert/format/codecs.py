@@ -92,6 +92,9 @@ class Codec:
     decode_in_dali: bool = True  # a DALI reader hands DALI the payload (False: decoded frames are cheaper)
     decode_on_host: bool = False  # DALI's decoder reads the payload from host memory even on the GPU
     dali_uses_shape: bool = True  # dali_decode needs the stored shape (JPEG files carry their own)
+    # A crop reader checks the payload's CRC-32 on every read, asked or not, where that costs nothing:
+    # for raw it is the fastest way to read the payload at all (see RawCodec).
+    crc_on_crop: bool = False
 
     def encode(self, clip: np.ndarray) -> bytes | memoryview:
         """The payload of one uint8 (T, H, W, C) clip."""
@@ -139,6 +142,12 @@ class RawCodec(Codec):
     """The array's bytes in C order: no CPU cost to read, largest on disk."""
 
     name, id, lossless, decode_in_dali = "raw", 0, True, False
+    # A crop reads the payload where it lies (a view of the shard's map), and the flipped crop does so
+    # channel by channel, backwards: from memory, that order is slow. Streaming the payload through its
+    # CRC-32 first (zlib-ng, tens of GB/s) leaves it in the CPU's caches for the crop: 16x112x112 crops of
+    # 16x128x171 clips in one thread, 1,884 -> 2,788 clips/s on the 2-core VM (1.48x; the CRC of only
+    # the crop's rows, 1.34x). So the check a user would have to ask for comes for less than free.
+    crc_on_crop = True
 
     def encode(self, clip: np.ndarray) -> memoryview:
         # A view, not a copy: the value is assembled with one copy by the writer.
