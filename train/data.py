@@ -9,11 +9,14 @@ of the clips by rank, so gathered results hold each clip exactly once.
 
 from __future__ import annotations
 
-import importlib.util
+import atexit
 import contextlib
+import importlib.util
+import multiprocessing.util  # noqa: F401 - its exit handler must be registered before ours
 import os
 import re
 import signal
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -331,6 +334,48 @@ def ignore_stop_signals(worker_id: int) -> None:
     batches until then; the workers end when the trainer closes the loader."""
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, signal.SIG_IGN)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGTERM (Linux: its SigIgn mask in /proc; elsewhere False)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def kill_workers_left_at_exit() -> int:
+    """SIGKILL the child processes still alive that ignore SIGTERM; how many there were.
+
+    Run at exit (registered below): multiprocessing's own exit handler sends
+    its daemon children SIGTERM and then joins them, so a DataLoader worker
+    that ignores SIGTERM (ignore_stop_signals) would keep the process from
+    ever exiting. Workers outlive their loader when an error's traceback
+    still holds the loader's iterator at exit (seen: the test process hung at
+    exit in 3 of 8 runs of tests/test_train_reading.py). The children are
+    told apart by their signal mask: multiprocessing forgets a process's
+    target once it has started it.
+    """
+    import multiprocessing
+
+    left = [p for p in multiprocessing.active_children() if p.pid is not None and _ignores_sigterm(p.pid)]
+    if left and threading.current_thread() is threading.main_thread():
+        # torch's SIGCHLD handler raises when a worker dies by a signal: here that is the intent.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for p in left:
+        p.kill()
+    for p in left:
+        p.join(5)
+    return len(left)
+
+
+# Registered after multiprocessing's exit handler (multiprocessing.util, imported above, registers it), so it
+# runs first: atexit calls handlers last-registered first.
+atexit.register(kill_workers_left_at_exit)
 
 
 def _readers(cfg: TrainConfig) -> dict:
