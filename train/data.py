@@ -336,41 +336,39 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def _ignores_sigterm(pid: int) -> bool:
-    """Whether process ``pid`` ignores SIGTERM (Linux: its SigIgn mask in /proc; elsewhere False)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigIgn:"):
-                    return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
+def kill_workers_left_at_exit(grace: float = 2.0) -> int:
+    """End the daemon child processes still alive: SIGTERM, then SIGKILL after ``grace`` s; how many needed
+    the SIGKILL.
 
-
-def kill_workers_left_at_exit() -> int:
-    """SIGKILL the child processes still alive that ignore SIGTERM; how many there were.
-
-    Run at exit (registered below): multiprocessing's own exit handler sends
-    its daemon children SIGTERM and then joins them, so a DataLoader worker
-    that ignores SIGTERM (ignore_stop_signals) would keep the process from
-    ever exiting. Workers outlive their loader when an error's traceback
-    still holds the loader's iterator at exit (seen: the test process hung at
-    exit in 3 of 8 runs of tests/test_train_reading.py). The children are
-    told apart by their signal mask: multiprocessing forgets a process's
-    target once it has started it.
+    Run at exit (registered below). multiprocessing's own exit handler sends
+    its daemon children SIGTERM and then joins them without a bound, so a
+    DataLoader worker that ignores SIGTERM (ignore_stop_signals) would keep
+    the process from ever exiting. Workers outlive their loader when an
+    error's traceback still holds the loader's iterator at exit (seen: the
+    test process hung at exit in 3 of 8 runs of tests/test_train_reading.py).
+    Daemon children are the ones multiprocessing would end at exit anyway;
+    this only adds the SIGKILL for those that ignore the SIGTERM.
     """
     import multiprocessing
+    import time
 
-    left = [p for p in multiprocessing.active_children() if p.pid is not None and _ignores_sigterm(p.pid)]
-    if left and threading.current_thread() is threading.main_thread():
+    left = [p for p in multiprocessing.active_children() if p.daemon]
+    if not left:
+        return 0
+    if threading.current_thread() is threading.main_thread():
         # torch's SIGCHLD handler raises when a worker dies by a signal: here that is the intent.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for p in left:
-        p.kill()
+        p.terminate()
+    deadline = time.monotonic() + grace
     for p in left:
+        p.join(max(0.0, deadline - time.monotonic()))
+    stuck = [p for p in left if p.is_alive()]
+    for p in stuck:
+        p.kill()
+    for p in stuck:
         p.join(5)
-    return len(left)
+    return len(stuck)
 
 
 # Registered after multiprocessing's exit handler (multiprocessing.util, imported above, registers it), so it
