@@ -12,11 +12,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
-import multiprocessing.util  # noqa: F401 - its exit handler must be registered before ours
+import multiprocessing.util  # imported before atexit.register below: its exit handler must come first
 import os
 import re
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -349,9 +350,6 @@ def kill_workers_left_at_exit(grace: float = 2.0) -> int:
     Daemon children are the ones multiprocessing would end at exit anyway;
     this only adds the SIGKILL for those that ignore the SIGTERM.
     """
-    import multiprocessing
-    import time
-
     left = [p for p in multiprocessing.active_children() if p.daemon]
     if not left:
         return 0
@@ -371,7 +369,7 @@ def kill_workers_left_at_exit(grace: float = 2.0) -> int:
     return len(stuck)
 
 
-# Registered after multiprocessing's exit handler (multiprocessing.util, imported above, registers it), so it
+# Registered after multiprocessing's exit handler (multiprocessing.util, imported at the top, registers it), so it
 # runs first: atexit calls handlers last-registered first.
 atexit.register(kill_workers_left_at_exit)
 
