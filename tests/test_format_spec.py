@@ -74,7 +74,8 @@ def _lmdb_shard(path: str) -> tuple[dict, list[dict], dict[tuple[str, int], tupl
 
 def _tfrecord_shard(path: str, files: list[dict]) -> tuple[dict, list[dict], dict[tuple[str, int], tuple]]:
     meta = json.load(open(os.path.join(path, "shard.json")))
-    parts = sorted(f for f in os.listdir(path) if f.startswith("part-") and f.endswith(".json"))
+    parts = sorted((f for f in os.listdir(path) if f.startswith("part-") and f.endswith(".json")),
+                   key=lambda f: int(f[len("part-"):-len(".json")]))  # by number: FORMAT.md
     by_id, clips = {}, {}
     listed = []
     for name in parts:

@@ -216,3 +216,58 @@ def test_retry_failed_and_a_deleted_shard_on_tfrecord_give_the_clean_checksums(t
     assert r.returncode == 0 and "shard-00001" in r.stderr
     assert [s["sha256"] for s in json.load(open(os.path.join(out, "manifest.json")))["shards"]] == sums
     assert run_cli("verify", out).returncode == 0
+
+
+def test_parts_past_99999_are_read_in_number_order(synth_videos, tmp_path):
+    """Part numbers grow past five digits; `part-100000` must come after `part-99999`, not before it."""
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+    from convert.supervise import ShardOptions
+    from convert.verify import verify
+
+    out = str(tmp_path / "renumbered")
+    run_job(synth_videos, out, ConvertConfig(codec="raw", backend="tfrecord"),
+            JobOptions(workers=2, shards=1, progress=False, shard=ShardOptions(part_bytes=2 << 20)))
+    before = open_clips(out)
+    expected = [(r.video_id, r.clip_index, r.clip.copy()) for r in (before[i] for i in range(len(before)))]
+    del before
+    manifest_path = os.path.join(out, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    (shard,) = manifest["shards"]
+    folder = os.path.join(out, shard["path"])
+    numbers = sorted(int(f[5:-5]) for f in os.listdir(folder) if f.startswith("part-") and f.endswith(".json"))
+    assert len(numbers) >= 3
+    new = {n: 99998 + n for n in numbers}  # 99998, 99999, 100000, ...: name order is no longer part order
+    for n in sorted(numbers, reverse=True):
+        for ext in ("tfrecord", "idx", "json"):
+            src = os.path.join(folder, f"part-{n:05d}.{ext}")
+            if os.path.exists(src):
+                os.rename(src, os.path.join(folder, f"part-{new[n]:05d}.{ext}"))
+        commit_path = os.path.join(folder, f"part-{new[n]:05d}.json")
+        commit = json.load(open(commit_path))
+        commit["part"] = new[n]
+        json.dump(commit, open(commit_path, "w"))
+    renamed = {f"part-{n:05d}.{ext}": f"part-{new[n]:05d}.{ext}" for n in numbers for ext in ("tfrecord", "idx")}
+    for f in shard["files"]:
+        f["path"], f["index"] = renamed[f["path"]], renamed[f["index"]]
+    for name in os.listdir(folder):  # the shard's own copy of its summary lists the files too
+        if name.startswith("complete"):
+            summary = json.load(open(os.path.join(folder, name)))
+            summary["files"] = shard["files"]
+            json.dump(summary, open(os.path.join(folder, name), "w"))
+    json.dump(manifest, open(manifest_path, "w"))
+    assert sorted(f for f in os.listdir(folder) if f.startswith("part-"))[0].startswith("part-100000")
+    assert verify(out)[0] == []
+    store = open_clips(out)
+    got = [(r.video_id, r.clip_index, r.clip) for r in (store[i] for i in range(len(store)))]
+    assert [g[:2] for g in got] == [e[:2] for e in expected]
+    assert all(np.array_equal(g[2], e[2]) for g, e in zip(got, expected))
+    # A writer reopening the shard (a retry) starts after the highest part, not after the last name.
+    from convert.format.tfrecord import TFRecordWriter
+
+    os.remove(os.path.join(folder, "complete.json"))
+    writer = TFRecordWriter(path=folder, codec="raw", meta=json.load(open(os.path.join(folder, "shard.json"))))
+    try:
+        assert writer._part().number == 99998 + numbers[-1] + 1
+    finally:
+        writer.close()

@@ -234,18 +234,23 @@ def _write_json_atomic(path: str, obj) -> None:
 
 def _committed_parts(path: str) -> list[dict]:
     """The parts whose commit file exists, in part order, each checked against its files."""
-    parts = []
-    for name in sorted(os.listdir(path)):
+    # By number, not by name: part-100000 sorts before part-99999 as text,
+    # and a later part's video record overrides an earlier one's.
+    commits = []
+    for name in os.listdir(path):
         m = _PART.match(name)
         if m and m.group(2) == "json" and not m.group(3):
-            with open(os.path.join(path, name)) as fh:
-                try:
-                    part = json.load(fh)
-                except ValueError as exc:
-                    raise FormatError(f"{os.path.join(path, name)}: not valid JSON: {exc}") from exc
-            if part.get("part") != int(m.group(1)):
-                raise FormatError(f"{os.path.join(path, name)}: says part {part.get('part')}")
-            parts.append(part)
+            commits.append((int(m.group(1)), name))
+    parts = []
+    for number, name in sorted(commits):
+        with open(os.path.join(path, name)) as fh:
+            try:
+                part = json.load(fh)
+            except ValueError as exc:
+                raise FormatError(f"{os.path.join(path, name)}: not valid JSON: {exc}") from exc
+        if part.get("part") != number:
+            raise FormatError(f"{os.path.join(path, name)}: says part {part.get('part')}")
+        parts.append(part)
     return parts
 
 
