@@ -62,7 +62,7 @@ def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) 
                 if not 0 <= header.label < n_classes:
                     raise FormatError(f"label {header.label} outside the {n_classes} classes")
             except FormatError as exc:
-                problems.append(f"{name}: {where}: {exc}")
+                problems.append(f"{where}: {exc}")  # where names the shard (its path) and the clip
         sha = h.hexdigest() if version >= 2 else reader.checksum(version)
     except FormatError as exc:
         problems.append(f"{name}: {exc}")

@@ -64,7 +64,6 @@ def test_verify_data_stops_at_the_damaged_clip_naming_shard_and_clip(damaged, tm
     root = damaged["root"]
     key = clip_key(damaged["video"], damaged["clip"]).decode()
     assert err.startswith(f"--data {root}: {damaged['shard']}: {key}: payload crc32 "), err
-    assert f"(video {damaged['video']!r} clip {damaged['clip']})" in err
     assert err.endswith(f"(python -m convert verify {root} checks the shards for damage)")
     assert not os.path.exists(tmp_path / "run" / "checkpoint.pt")  # stopped inside the epoch, before its save
 

@@ -150,11 +150,14 @@ def unpack_header(header: bytes | memoryview, *, value_len: int | None = None) -
 
 
 def check_crc(payload: bytes | memoryview, header: ClipHeader) -> None:
-    """Raise FormatError when the payload's CRC-32 differs from the header's."""
+    """Raise FormatError when the payload's CRC-32 differs from the header's.
+
+    The message does not say where: every caller prefixes its reader's
+    ``where`` (shard and clip), which would otherwise name the clip twice.
+    """
     got = crc32(payload)
     if got != header.crc32:
-        raise FormatError(f"payload crc32 {got:08x} != stored {header.crc32:08x} "
-                          f"(video {header.video_id!r} clip {header.clip_index})")
+        raise FormatError(f"payload crc32 {got:08x} != stored {header.crc32:08x}")
 
 
 def check_plan(root: str, manifest: dict) -> None:
