@@ -271,16 +271,43 @@ def _records(out: str, plan: Plan, index: int) -> list | None:
         raise PlanError(f"{path}: cannot be read ({exc}); see python -m convert verify {out}") from exc
 
 
-def _missing_shards(out: str, plan: Plan) -> list[int]:
+class HeldRecords:
+    """The done records of each shard, read at most once per run.
+
+    A rerun asks for them up to three times before its shards start (missing
+    shards, ``--retry-failed``, the space estimate); reading a shard's records
+    means scanning its LMDB keys or parsing its TFRecord commit files, so each
+    shard is read once and the answer (records, None for a missing shard, or
+    the PlanError of a damaged one) is kept. Valid until the shards run.
+    """
+
+    def __init__(self, out: str, plan: Plan) -> None:
+        self.out, self.plan = out, plan
+        self._got: dict[int, list | None | PlanError] = {}
+
+    def __call__(self, index: int) -> list | None:
+        if index not in self._got:
+            try:
+                self._got[index] = _records(self.out, self.plan, index)
+            except PlanError as exc:
+                self._got[index] = exc
+        got = self._got[index]
+        if isinstance(got, PlanError):
+            raise got
+        return got
+
+
+def _missing_shards(plan: Plan, held: HeldRecords) -> list[int]:
     """Shards of the plan whose folder or data file is gone (say, deleted after the job finished)."""
-    return [i for i in range(len(plan.shards)) if _records(out, plan, i) is None]
+    return [i for i in range(len(plan.shards)) if held(i) is None]
 
 
-def failed_videos(out: str, plan: Plan) -> dict[int, list[int]]:
+def failed_videos(out: str, plan: Plan, *, held: HeldRecords | None = None) -> dict[int, list[int]]:
     """Per shard, the plan indices of the videos its records say ``failed``; shards with none are left out."""
+    held = held or HeldRecords(out, plan)
     found = {}
     for i, items in enumerate(plan.shards):
-        failed = {r.video_id for r in _records(out, plan, i) or () if r.status == "failed"}
+        failed = {r.video_id for r in held(i) or () if r.status == "failed"}
         if failed:
             found[i] = [k for k, item in enumerate(items) if item.id in failed]
     return found
@@ -293,10 +320,11 @@ def _kept_summaries(plan: Plan, manifest: dict, redo: set[int]) -> list[dict]:
             for i in range(len(plan.shards)) if i not in redo]
 
 
-def _shards_to_repair(out: str, plan: Plan, manifest: dict, notes: dict, say: Callable[[str], None]) -> set[int]:
+def _shards_to_repair(out: str, plan: Plan, manifest: dict, notes: dict, say: Callable[[str], None],
+                      held: HeldRecords) -> set[int]:
     """Shards of a finished OUT to run again: gone from disk, or absent from the manifest."""
     listed = {s["name"] for s in manifest["shards"]}
-    missing = _missing_shards(out, plan)
+    missing = _missing_shards(plan, held)
     unlisted = [i for i in range(len(plan.shards)) if shard_name(i) not in listed and i not in missing]
     if missing:
         notes["missing_shards"] = [shard_name(i) for i in missing]
@@ -348,7 +376,8 @@ def _read_source_again(src: str, out: str, required: bool, say: Callable[[str], 
 SPACE_SAMPLE = 16  # videos probed to estimate the space a job needs
 
 
-def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int]) -> int | None:
+def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int], *,
+                          held: HeldRecords | None = None) -> int | None:
     """Bytes the pending videos of ``shards`` will take, from a few probed videos; None if none probes.
 
     A sample, not every video: probing reads each container's header, and a
@@ -358,10 +387,11 @@ def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int]) -> int | 
     from .format import get_codec
     from .shard_worker import estimate_bytes
 
+    held = held or HeldRecords(out, plan)
     pending = []
     for i in shards:
         try:
-            done = {r.video_id for r in _records(out, plan, i) or ()}
+            done = {r.video_id for r in held(i) or ()}
         except PlanError:
             done = set()  # a damaged shard: its process sets it aside and converts it all again
         pending += [item for item in plan.shards[i] if item.id not in done]
@@ -382,9 +412,10 @@ def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int]) -> int | 
     return int(sum(sizes) / len(sizes) * len(pending) / ratio)
 
 
-def check_space(out: str, plan: Plan, shards: Iterable[int], say: Callable[[str], None]) -> None:
+def check_space(out: str, plan: Plan, shards: Iterable[int], say: Callable[[str], None], *,
+                held: HeldRecords | None = None) -> None:
     """Warn (through ``say``) when OUT's device looks too small for what this run will write."""
-    need = estimate_bytes_needed(out, plan, shards)
+    need = estimate_bytes_needed(out, plan, shards, held=held)
     free = shutil.disk_usage(out).free
     if need and need > free:
         say(f"{out}: this run needs about {_human(need)} (estimated from up to {SPACE_SAMPLE} probed videos) "
@@ -425,16 +456,17 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         manifest_path = os.path.join(out, MANIFEST)
         finished = os.path.exists(manifest_path)
         notes: dict = {}
+        held = HeldRecords(out, plan)
         redo: set[int] | None = None  # None: every shard (an unfinished job)
         if finished:
             with open(manifest_path) as fh:
                 manifest = json.load(fh)
-            redo = _shards_to_repair(out, plan, manifest, notes, say)
+            redo = _shards_to_repair(out, plan, manifest, notes, say, held)
         if rerun and source is not None:
             added = _new_videos(out, plan, source, opts, add_new, notes, say)
             if redo is not None:
                 redo |= added
-        retry = failed_videos(out, plan) if retry_failed else {}
+        retry = failed_videos(out, plan, held=held) if retry_failed else {}
         if retry_failed:
             notes["retried"] = sum(len(v) for v in retry.values())
             say(f"{out}: retrying {notes['retried']} video(s) recorded as failed, in {len(retry)} shard(s)")
@@ -452,7 +484,7 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             kept = []
         running = range(len(plan.shards)) if redo is None else sorted(redo)
         total = sum(len(plan.shards[i]) for i in running)
-        check_space(out, plan, running, say)
+        check_space(out, plan, running, say, held=held)
         t0 = time.monotonic()
         bar = _ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
         bar.start()

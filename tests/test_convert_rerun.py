@@ -269,3 +269,28 @@ def test_retry_failed_in_an_unfinished_out_and_a_kill_during_the_retry_records_n
     r = run_cli(tiny_tree, out, *args)  # a plain rerun converts the video the retry left pending
     assert r.returncode == 0, r.stderr
     assert _report(out) == {} and _manifest(out)["status_counts"] == {"ok": 4}
+
+
+def test_a_repair_with_retry_failed_reads_each_shards_records_once(tiny_tree, tmp_path, monkeypatch):
+    """Missing shards, --retry-failed and the space estimate all ask for the records: one read per shard."""
+    from convert import job
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    out = str(tmp_path / "out")
+    opts = JobOptions(workers=2, shards=3, progress=False)
+    run_job(tiny_tree, out, ConvertConfig(), opts)
+    shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
+    reads: list[int] = []
+    real = job._records
+
+    def counted(out_: str, plan, index: int):
+        reads.append(index)
+        return real(out_, plan, index)
+
+    monkeypatch.setattr(job, "_records", counted)
+    said: list[str] = []
+    result = run_job(tiny_tree, out, ConvertConfig(), opts, retry_failed=True, say=said.append)
+    assert sorted(reads) == [0, 1, 2]  # before the fix: 0, 0, 1, 1, 1, 2, 2
+    assert result["missing_shards"] == ["shard-00001"] and result["retried"] == 0
+    assert result["converted"]["videos"] == len(json.load(open(os.path.join(out, "plan.json")))["shards"][1]["items"])
