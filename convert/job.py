@@ -281,7 +281,7 @@ class HeldRecords:
     the PlanError of a damaged one) is kept. Valid until the shards run.
     """
 
-    def __init__(self, out: str, plan: Plan) -> None:
+    def __init__(self, *, out: str, plan: Plan) -> None:
         self.out, self.plan = out, plan
         self._got: dict[int, list | None | PlanError] = {}
 
@@ -304,7 +304,7 @@ def _missing_shards(plan: Plan, held: HeldRecords) -> list[int]:
 
 def failed_videos(out: str, plan: Plan, *, held: HeldRecords | None = None) -> dict[int, list[int]]:
     """Per shard, the plan indices of the videos its records say ``failed``; shards with none are left out."""
-    held = held or HeldRecords(out, plan)
+    held = held or HeldRecords(out=out, plan=plan)
     found = {}
     for i, items in enumerate(plan.shards):
         failed = {r.video_id for r in held(i) or () if r.status == "failed"}
@@ -387,7 +387,7 @@ def estimate_bytes_needed(out: str, plan: Plan, shards: Iterable[int], *,
     from .format import get_codec
     from .shard_worker import estimate_bytes
 
-    held = held or HeldRecords(out, plan)
+    held = held or HeldRecords(out=out, plan=plan)
     pending = []
     for i in shards:
         try:
@@ -456,7 +456,7 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         manifest_path = os.path.join(out, MANIFEST)
         finished = os.path.exists(manifest_path)
         notes: dict = {}
-        held = HeldRecords(out, plan)
+        held = HeldRecords(out=out, plan=plan)
         redo: set[int] | None = None  # None: every shard (an unfinished job)
         if finished:
             with open(manifest_path) as fh:
