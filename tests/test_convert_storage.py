@@ -229,3 +229,37 @@ def test_a_size_pointing_past_the_file_is_reported_by_verify_not_a_crash(tiny_tr
     assert r.returncode == 1 and "Bus error" not in r.stderr and "Segmentation" not in r.stderr
     assert re.fullmatch(r"verify: shard-00000: corrupted: reading it crashed the checker \(killed by SIG(SEGV|BUS)\); "
                         r"the shard must be converted again\n", r.stderr), r.stderr
+
+
+def test_the_space_check_runs_beside_the_shards_and_still_warns(tiny_tree, tmp_path, monkeypatch):
+    """The probe must not hold back the shards: here it waits until they have started, then warns."""
+    import threading
+
+    from convert import job
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    shards_started = threading.Event()
+    real_run_shards, real_estimate = job.run_shards, job._estimate
+    waited: list[bool] = []
+
+    def run_shards(*args, **kwargs):
+        shards_started.set()
+        return real_run_shards(*args, **kwargs)
+
+    def estimate(plan, pending):
+        waited.append(shards_started.wait(timeout=30))  # before the fix: 30 s, then False
+        return real_estimate(plan, pending)
+
+    monkeypatch.setattr(job, "run_shards", run_shards)
+    monkeypatch.setattr(job, "_estimate", estimate)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=1 << 20))
+    said: list[str] = []
+    out = str(tmp_path / "out")
+    result = run_job(tiny_tree, out, ConvertConfig(), JobOptions(workers=2, shards=2, progress=False),
+                     say=said.append)
+    assert waited == [True]
+    (warning,) = [s for s in said if "needs about" in s]
+    assert warning.startswith(f"{out}: this run needs about ") and "the device has 1 MiB free" in warning
+    assert result["totals"]["videos"] == 4
