@@ -167,11 +167,13 @@ def test_the_start_warns_when_the_device_looks_too_small(tiny_tree, tmp_path, mo
     assert 20 << 20 < need < 400 << 20
     said: list[str] = []
     usage = shutil.disk_usage(out)
+    pending = job.pending_videos(plan, [0], job.HeldRecords(out=out, plan=plan))
+    check = job.SpaceCheck(out=out, plan=plan, pending=pending, say=said.append)
     monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=need // 2))
-    job.check_space(out, plan, [0], said.append)
+    check.run()
     assert len(said) == 1 and "needs about" in said[0] and "MiB free" in said[0]
     monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=need * 2))
-    job.check_space(out, plan, [0], said.append)
+    check.run()
     assert len(said) == 1
 
 
