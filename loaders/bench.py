@@ -24,8 +24,10 @@ then a table of bytes on disk per clip for every backend and codec against
 the source videos' bytes. Each configuration runs for ``--seconds`` after its
 first batch (worker start-up is not timed), ``--rounds`` times, interleaved;
 the best run is kept. The shards were just written, so they sit in the page
-cache: this measures CPU cost, not disk. Nothing is asserted; the tables are
-the output.
+cache: this measures CPU cost, not disk. ``--sections cold`` reads every
+clip once from shards dropped from the page cache first, against the same
+reads warm, and LMDB with the kernel's read-around off (what the readers did
+before). Nothing is asserted; the tables are the output.
 """
 
 from __future__ import annotations
@@ -322,9 +324,130 @@ def run(args: argparse.Namespace) -> int:
         thread_table(threaded_names, threaded, results, args, cpus)
     if "engines" in args.sections:
         engine_table(paths, args, cpus)
+    if "cold" in args.sections:
+        cold_table(paths, args)
     if not args.root and not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def drop_from_page_cache(files: list[str], *, attempts: int = 20) -> bool:
+    """Ask the kernel to drop ``files`` from the page cache (no root needed); True once none is resident.
+
+    POSIX_FADV_DONTNEED drops only clean pages no process maps, and may leave
+    a few behind on a first call: the files are synced, then asked again
+    until ``mincore`` sees none of them.
+    """
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+
+    def resident(path: str) -> int:
+        """Pages of ``path`` in the page cache (all of them when mincore fails)."""
+        size = os.path.getsize(path)
+        if size == 0:
+            return 0
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as mm:
+            view = np.frombuffer(mm, dtype=np.uint8)
+            ok = libc.mincore(view.ctypes.data, size, vec)
+            del view  # the map cannot close while a view exports it
+        return sum(v & 1 for v in vec) if ok == 0 else pages
+
+    for _ in range(attempts):
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        if all(resident(path) == 0 for path in files):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _data_files(root: str) -> list[str]:
+    """Every file a reader of the conversion at ``root`` maps: LMDB data files, TFRecord record files."""
+    return [os.path.join(d, f) for d, _, names in os.walk(os.path.join(root, "shards")) for f in names
+            if f == "data.mdb" or f.endswith(".tfrecord")]
+
+
+def cold_read(root: str, *, cold: bool) -> dict:
+    """Every clip of the conversion at ``root`` read and decoded once, one thread, in a shuffled order
+    (a training epoch's access pattern), from a freshly opened store: clips/s and major page faults per clip.
+
+    ``cold`` drops the shard files from the page cache first; otherwise one untimed pass loads them.
+    """
+    import resource
+
+    from convert.format.lmdb import HANDLES
+
+    def close_all(store) -> None:
+        for path in store.shard_paths:
+            HANDLES.forget(path)
+        for reader in store._readers.values():
+            reader.close()
+
+    store = open_clips(root)
+    order = np.random.default_rng(0).permutation(len(store)).tolist()
+    if cold:
+        close_all(store)
+        if not drop_from_page_cache(_data_files(root)):
+            print(f"  {root}: could not drop every page from the cache; the cold row is partly warm",
+                  file=sys.stderr, flush=True)
+        store = open_clips(root)
+    else:
+        for i in order:
+            store.get(i)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    t0 = time.perf_counter()
+    for i in order:
+        store.get(i)
+    elapsed = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    close_all(store)
+    return {"clips_s": len(order) / elapsed, "faults": faults / len(order)}
+
+
+def cold_table(paths: dict[str, str], args: argparse.Namespace) -> None:
+    """Warm against cold reads per conversion, and LMDB with the kernel's read-around off (readers before it)."""
+    import convert.format.lmdb as lmdb_format
+
+    rows = [(f"lmdb {c}", paths[c], True) for c in ("raw", "lz4")]
+    rows += [(f"lmdb {c}, read-around off", paths[c], False) for c in ("raw", "lz4")]
+    rows += [(f"tfrecord {c}", paths[f"tfrecord_{c}"], True) for c in ("raw", "lz4")]
+    best: dict[tuple[str, bool], dict] = {}
+    for _ in range(args.rounds):
+        for name, root, around in rows:
+            for cold in (False, True):
+                lmdb_format.READ_AROUND = around
+                try:
+                    r = cold_read(root, cold=cold)
+                finally:
+                    lmdb_format.READ_AROUND = True
+                if (name, cold) not in best or r["clips_s"] > best[(name, cold)]["clips_s"]:
+                    best[(name, cold)] = r
+                print(f"  {name:28s} {'cold' if cold else 'warm'}: {r['clips_s']:8.1f} clips/s, "
+                      f"{r['faults']:.1f} major faults per clip", file=sys.stderr, flush=True)
+    ra = "?"
+    try:
+        dev = os.stat(paths["raw"]).st_dev
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/read_ahead_kb") as fh:
+            ra = fh.read().strip()
+    except OSError:
+        pass
+    print(f"\nshards larger than memory: every clip read and decoded once, shuffled, one thread; warm = in the "
+          f"page cache, cold = dropped from it first (read_ahead_kb here: {ra})")
+    print(f"{'reader':30s} {'warm clips/s':>13s} {'cold clips/s':>13s} {'cold/warm':>10s} {'major faults/clip':>18s}")
+    for name, _, _ in rows:
+        w, c = best[(name, False)], best[(name, True)]
+        print(f"{name:30s} {w['clips_s']:13.1f} {c['clips_s']:13.1f} {c['clips_s'] / w['clips_s']:10.3f} "
+              f"{c['faults']:18.1f}")
 
 
 def _dali_importable() -> bool:
@@ -519,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", type=lambda s: s.split(","), default=["dataloader", "threads"],
                    help="comma-separated tables: dataloader (worker processes), threads (build_loader(threads=N)), "
                         "engines (the threaded reads on torchdata.nodes and SPDL, if installed, against the "
-                        "hand-written pool); default dataloader,threads")
+                        "hand-written pool), cold (reads from shards dropped from the page cache first); default "
+                        "dataloader,threads")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every configuration this many times, rounds interleaved, and keep the best "
                         "(default 1; use 3 or more on a shared machine)")
@@ -527,9 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.videos < 1 or args.batch_size < 1 or args.seconds <= 0 or args.rounds < 1 or min(args.workers) < 0:
         p.error("--videos, --batch-size, --seconds and --rounds must be positive, --workers >= 0")
-    unknown = set(args.sections) - {"dataloader", "threads", "engines"}
+    unknown = set(args.sections) - {"dataloader", "threads", "engines", "cold"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from dataloader, threads, engines")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from dataloader, threads, engines, cold")
     return run(args)
 
 

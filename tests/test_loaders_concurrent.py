@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import multiprocessing as mp
 
 import numpy as np
+import pytest
 
 from loaders import LmdbClipDataset, open_clips
 from convert.format.lmdb import HANDLES, clip_key
@@ -74,3 +77,41 @@ def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
     assert got == size
     with HANDLES.get(path).begin() as txn:  # the parent's handle still works
         assert len(txn.get(keys[0])) == size
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_shard_maps_keep_the_kernels_read_around(raw_root):  # noqa: F811
+    """A reader's LMDB map must not carry MADV_RANDOM ("rr" in VmFlags): py-lmdb touches every page of a value
+    in get(), so without read-around a clip that is not in the page cache comes in 4 KB at a time (README)."""
+    store = open_clips(raw_root)
+    assert store.get(0).clip.shape == (16, 128, 171, 3)
+    flags, current = {}, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            fields = line.split()
+            if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):  # a mapping's first line; the path is the 6th field
+                path = fields[5] if len(fields) >= 6 else ""
+                current = path if path.startswith(raw_root) and path.endswith("data.mdb") else None
+            elif current and fields[0] == "VmFlags:":
+                flags[current] = fields[1:]
+    assert len(flags) >= 1  # the shard of clip 0 is mapped
+    assert all("rd" in f and "wr" not in f and "rr" not in f for f in flags.values()), flags
+
+
+def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
+    """``loaders.bench --sections cold`` is only cold if the drop works: reading the file again must fault."""
+    import mmap
+    import resource
+
+    from loaders.bench import drop_from_page_cache
+
+    path = tmp_path / "data"
+    path.write_bytes(np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes())
+    path.read_bytes()
+    if not drop_from_page_cache([str(path)]):
+        pytest.skip("this filesystem keeps the file's pages (tmpfs?)")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        np.frombuffer(mm, dtype=np.uint8)[::4096].sum()  # one byte of every page
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
+    assert faults >= 1

@@ -94,7 +94,7 @@ class HandleCache:
         return real
 
     def get(self, path: str) -> lmdb.Environment:
-        """The shared read-only handle on ``path`` (no lock file, no readahead)."""
+        """The shared read-only handle on ``path`` (no lock file; the kernel's read-around on)."""
         real = self._realpath(path)
         env = self._envs.get(real)
         if env is not None:
@@ -116,11 +116,26 @@ class HandleCache:
         return self._realpath(path) in self._envs
 
 
+# Readers keep the kernel's read-around on the shard maps (LMDB's readahead;
+# see _open_checked). A module setting only so that ``python -m loaders.bench
+# --sections cold`` can show, side by side, what reading with it off costs.
+READ_AROUND = True
+
+
 def _open_checked(path: str) -> lmdb.Environment:
     data = os.path.join(path, DATA_FILE)
     if not os.path.exists(data):
         raise FileNotFoundError(f"{path}: shard missing (no {DATA_FILE})")
-    env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0, max_readers=2048)
+    # Read-around on (LMDB's default readahead=True). py-lmdb touches every page of a
+    # value inside get() (with the GIL released), so with readahead=False
+    # (MADV_RANDOM on the map) a 1 MB clip that is not in the page cache came
+    # in as 256 synchronous 4 KB reads: 60-70 clips/s per thread on the dev
+    # VM, against 5,000-6,000 reading whole shards with the kernel's
+    # read-around, and 100-160 against 60-70 for random clips of a 2 GB file.
+    # The price: read-around reads whole windows (read_ahead_kb, 8 MB on that
+    # VM, 128 KB by default), so random reads fetch up to that much around
+    # each clip. See README, "Shards larger than memory".
+    env = lmdb.open(path, readonly=True, lock=False, readahead=READ_AROUND, subdir=True, max_dbs=0, max_readers=2048)
     # LMDB maps the file and would crash the process with SIGBUS on the first
     # page past its end: refuse a file shorter than its meta page says.
     need, have = used_bytes(env), os.path.getsize(data)
