@@ -388,10 +388,9 @@ def cold_read(root: str, *, cold: bool) -> dict:
     from convert.format.lmdb import HANDLES
 
     def close_all(store) -> None:
-        for path in store.shard_paths:
+        store.close()
+        for path in store.shard_paths:  # handles an earlier section opened too: unmapped, reopened afresh
             HANDLES.forget(path)
-        for reader in store._readers.values():
-            reader.close()
 
     store = open_clips(root)
     order = np.random.default_rng(0).permutation(len(store)).tolist()

@@ -75,6 +75,16 @@ class ClipStore(Sequence):
             r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
         return r
 
+    def close(self) -> None:
+        """Close the shard readers this store opened (they reopen on next use).
+
+        Process-wide handles that other readers opened first stay open (see
+        ``ShardReader.close``).
+        """
+        readers, self._readers = self._readers, {}
+        for r in readers.values():
+            r.close()
+
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 import re
-import multiprocessing as mp
 
 import numpy as np
 import pytest
@@ -115,3 +115,15 @@ def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
         np.frombuffer(mm, dtype=np.uint8)[::4096].sum()  # one byte of every page
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
     assert faults >= 1
+
+
+def test_closing_a_store_lets_go_of_its_shards_and_it_reads_again(raw_root):  # noqa: F811
+    store = open_clips(raw_root)
+    first = store.get(0).clip.copy()
+    path = store.shard_paths[int(store.refs([0])[0][0])]
+    HANDLES.forget(path)  # so that this store's reader is the one that opens the handle
+    store.close()
+    assert np.array_equal(store.get(0).clip, first) and HANDLES.holds(path)
+    store.close()
+    assert not HANDLES.holds(path)
+    assert np.array_equal(store.get(0).clip, first)  # reopened on next use
