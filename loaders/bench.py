@@ -27,7 +27,10 @@ the best run is kept. The shards were just written, so they sit in the page
 cache: this measures CPU cost, not disk. ``--sections cold`` reads every
 clip once from shards dropped from the page cache first, against the same
 reads warm, and LMDB with the kernel's read-around off (what the readers did
-before). Nothing is asserted; the tables are the output.
+before). ``--sections smallcache`` reads every clip once through a page cache
+smaller than the shards (a memory cgroup; needs root), in the sampler's random
+order against its block-shuffled order (``order="blocks"``). Nothing is
+asserted; the tables are the output.
 """
 
 from __future__ import annotations
@@ -326,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
         engine_table(paths, args, cpus)
     if "cold" in args.sections:
         cold_table(paths, args)
+    if "smallcache" in args.sections:
+        small_cache_table(paths, args)
     if not args.root and not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0
@@ -433,13 +438,7 @@ def cold_table(paths: dict[str, str], args: argparse.Namespace) -> None:
                     best[(name, cold)] = r
                 print(f"  {name:28s} {'cold' if cold else 'warm'}: {r['clips_s']:8.1f} clips/s, "
                       f"{r['faults']:.1f} major faults per clip", file=sys.stderr, flush=True)
-    ra = "?"
-    try:
-        dev = os.stat(paths["raw"]).st_dev
-        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/read_ahead_kb") as fh:
-            ra = fh.read().strip()
-    except OSError:
-        pass
+    ra = _read_ahead(paths["raw"])
     print(f"\nshards larger than memory: every clip read and decoded once, shuffled, one thread; warm = in the "
           f"page cache, cold = dropped from it first (read_ahead_kb here: {ra})")
     print(f"{'reader':30s} {'warm clips/s':>13s} {'cold clips/s':>13s} {'cold/warm':>10s} {'major faults/clip':>18s}")
@@ -447,6 +446,165 @@ def cold_table(paths: dict[str, str], args: argparse.Namespace) -> None:
         w, c = best[(name, False)], best[(name, True)]
         print(f"{name:30s} {w['clips_s']:13.1f} {c['clips_s']:13.1f} {c['clips_s'] / w['clips_s']:10.3f} "
               f"{c['faults']:18.1f}")
+
+
+def _io_read_bytes() -> int:
+    """Bytes this process has had read from storage (``/proc/self/io``; page faults' read-ahead included)."""
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    raise OSError("/proc/self/io has no read_bytes")
+
+
+class MemoryCgroup:
+    """A memory cgroup of its own, limited to ``limit`` bytes (page cache included), removed on exit.
+
+    What a page cache smaller than the shards looks like, on a machine with
+    memory to spare: a process that joins it keeps at most ``limit`` bytes of
+    what it reads in memory. cgroup v2 (``memory.max``) or v1
+    (``memory.limit_in_bytes``); needs root. ``procs``: the file a process
+    writes its pid to, to join.
+    """
+
+    def __init__(self, limit: int) -> None:
+        name = f"videoclips-bench-{os.getpid()}"
+        v2, v1 = "/sys/fs/cgroup", "/sys/fs/cgroup/memory"
+        try:
+            with open(os.path.join(v2, "cgroup.controllers")) as fh:
+                unified = "memory" in fh.read().split()
+        except OSError:
+            unified = False
+        if unified:
+            with open(os.path.join(v2, "cgroup.subtree_control"), "w") as fh:
+                fh.write("+memory")
+            self.path, limit_file = os.path.join(v2, name), "memory.max"
+        elif os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
+            self.path, limit_file = os.path.join(v1, name), "memory.limit_in_bytes"
+        else:
+            raise OSError("no memory cgroup controller (cgroup v2 memory or v1 memory) is mounted")
+        os.mkdir(self.path)
+        try:
+            with open(os.path.join(self.path, limit_file), "w") as fh:
+                fh.write(str(int(limit)))
+        except OSError:
+            os.rmdir(self.path)
+            raise
+        self.procs = os.path.join(self.path, "cgroup.procs")
+
+    def __enter__(self) -> "MemoryCgroup":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for _ in range(50):  # the kernel frees a cgroup whose last process just exited a moment later
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def read_in_order(root: str, *, order: str, block: int, window: int, join: str | None = None) -> dict:
+    """Every clip of the conversion at ``root`` read and decoded once, one thread, in epoch 0's order of
+    ``DistributedClipSampler(order=...)``, from shards dropped from the page cache first.
+
+    ``join``: a cgroup's ``cgroup.procs``, joined after the drop (so only what
+    is read is charged to it). Returns clips/s, major faults and MB read from
+    storage per clip, and the clips read.
+    """
+    import resource
+
+    from convert.format.lmdb import HANDLES
+
+    store = open_clips(root)
+    storage = store.storage_order() if order == "blocks" else None
+    sampler = DistributedClipSampler(len(store), num_replicas=1, rank=0, seed=0, with_epoch=False, order=order,
+                                     storage_order=storage, block=block, window=window)
+    indices = list(sampler)
+    store.close()
+    for path in store.shard_paths:
+        HANDLES.forget(path)
+    if not drop_from_page_cache(_data_files(root)):
+        print(f"  {root}: could not drop every page from the cache; the row is partly warm", file=sys.stderr,
+              flush=True)
+    if join:
+        with open(join, "w") as fh:
+            fh.write(str(os.getpid()))
+    store = open_clips(root)
+    faults, read = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _io_read_bytes()
+    t0 = time.perf_counter()
+    for i in indices:
+        store.get(i)
+    elapsed = time.perf_counter() - t0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    read = _io_read_bytes() - read
+    store.close()
+    n = len(indices)
+    return {"clips_s": n / elapsed, "faults": faults / n, "mb_read": read / n / 1e6, "clips": n,
+            "distinct": len(set(indices))}
+
+
+def small_cache_table(paths: dict[str, str], args: argparse.Namespace) -> None:
+    """Reads through a page cache smaller than the shards: the sampler's random order against its block order."""
+    import json
+    import subprocess
+
+    rows = [("lmdb raw", paths["raw"]), ("lmdb lz4", paths["lz4"]), ("tfrecord raw", paths["tfrecord_raw"])]
+    best: dict[tuple[str, str], dict] = {}
+    settings: dict[str, tuple[int, int, int]] = {}
+    for name, root in rows:
+        shard_bytes = sum(os.path.getsize(f) for f in _data_files(root))
+        clips = len(open_clips(root))
+        cache = int(shard_bytes * args.cache_fraction)
+        per_clip = shard_bytes / clips
+        # Blocks whose window fills half the cache: the rest is for read-ahead past the window's edges.
+        cache_clips = max(1, int(cache / per_clip))
+        block = max(1, min(64, cache_clips // 8))
+        settings[name] = (cache, block, max(1, cache_clips // (2 * block)))
+    for _ in range(args.rounds):
+        for name, root in rows:
+            cache, block, window = settings[name]
+            for order in ("random", "blocks"):
+                try:
+                    with MemoryCgroup(cache) as group:
+                        out = subprocess.run(
+                            [sys.executable, "-m", "loaders.bench", "--read-child",
+                             json.dumps([root, order, block, window, group.procs])],
+                            check=True, capture_output=True, text=True)
+                except (OSError, subprocess.CalledProcessError) as exc:
+                    detail = getattr(exc, "stderr", "") or ""
+                    print(f"\nsmall page cache: skipped ({exc}{': ' + detail.strip().splitlines()[-1] if detail else ''}"
+                          f"); it needs root and a memory cgroup")
+                    return
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if (name, order) not in best or r["clips_s"] > best[(name, order)]["clips_s"]:
+                    best[(name, order)] = r
+                print(f"  {name:14s} {order:6s}: {r['clips_s']:8.1f} clips/s, {r['mb_read']:.2f} MB read per clip",
+                      file=sys.stderr, flush=True)
+    print(f"\nshards larger than memory: every clip read and decoded once, one thread, through a page cache of "
+          f"{args.cache_fraction:g} x the shards (a memory cgroup); read_ahead_kb here: {_read_ahead(paths['raw'])}")
+    print(f"{'reader':14s} {'order':22s} {'clips/s':>9s} {'x random':>9s} {'MB read/clip':>13s} "
+          f"{'major faults/clip':>18s}")
+    for name, _ in rows:
+        cache, block, window = settings[name]
+        base = best[(name, "random")]["clips_s"]
+        for order in ("random", "blocks"):
+            r = best[(name, order)]
+            label = "random" if order == "random" else f"blocks of {block} x {window}"
+            print(f"{name:14s} {label:22s} {r['clips_s']:9.1f} {r['clips_s'] / base:8.2f}x {r['mb_read']:13.2f} "
+                  f"{r['faults']:18.1f}")
+    print(f"(cache per conversion: {', '.join(f'{n} {settings[n][0] / 1e6:.0f} MB' for n, _ in rows)}; "
+          f"every clip read once in both orders)")
+
+
+def _read_ahead(root: str) -> str:
+    """The read_ahead_kb of the block device holding ``root`` ('?' when it cannot be read)."""
+    try:
+        dev = os.stat(root).st_dev
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/queue/read_ahead_kb") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "?"
 
 
 def _dali_importable() -> bool:
@@ -641,18 +799,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", type=lambda s: s.split(","), default=["dataloader", "threads"],
                    help="comma-separated tables: dataloader (worker processes), threads (build_loader(threads=N)), "
                         "engines (the threaded reads on torchdata.nodes and SPDL, if installed, against the "
-                        "hand-written pool), cold (reads from shards dropped from the page cache first); default "
-                        "dataloader,threads")
+                        "hand-written pool), cold (reads from shards dropped from the page cache first), "
+                        "smallcache (reads through a page cache smaller than the shards, random against block "
+                        "order; needs root); default dataloader,threads")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every configuration this many times, rounds interleaved, and keep the best "
                         "(default 1; use 3 or more on a shared machine)")
+    p.add_argument("--cache-fraction", type=float, default=0.25,
+                   help="smallcache: the page cache as a fraction of each conversion's shard bytes (default 0.25)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument("--read-child", help=argparse.SUPPRESS)  # smallcache's reader process: JSON arguments
     args = p.parse_args(argv)
+    if args.read_child:
+        import json
+
+        root, order, block, window, procs = json.loads(args.read_child)
+        print(json.dumps(read_in_order(root, order=order, block=block, window=window, join=procs)))
+        return 0
     if args.videos < 1 or args.batch_size < 1 or args.seconds <= 0 or args.rounds < 1 or min(args.workers) < 0:
         p.error("--videos, --batch-size, --seconds and --rounds must be positive, --workers >= 0")
-    unknown = set(args.sections) - {"dataloader", "threads", "engines", "cold"}
+    unknown = set(args.sections) - {"dataloader", "threads", "engines", "cold", "smallcache"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from dataloader, threads, engines, cold")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from dataloader, threads, engines, cold, "
+                f"smallcache")
+    if not 0 < args.cache_fraction < 1:
+        p.error("--cache-fraction must be between 0 and 1")
     return run(args)
 
 

@@ -10,14 +10,15 @@ from several threads. Imports neither torch nor PyAV.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from convert.format import (ClipHeader, Codec, FormatError, ShardReader, check_crc, check_plan, check_shard_meta,
-                            codec_for_id, codec_of_manifest, get_backend, read_manifest)
+from convert.format import (PLAN, ClipHeader, Codec, FormatError, ShardReader, check_crc, check_plan,
+                            check_shard_meta, codec_for_id, codec_of_manifest, get_backend, read_manifest)
 
 # One error type for everything wrong with a conversion folder on the read side.
 DatasetError = FormatError
@@ -64,6 +65,7 @@ class ClipStore(Sequence):
         self.video_shard = np.asarray(shard_of, dtype=np.int32)
         self.video_clips = np.asarray(counts, dtype=np.int64)
         self._ends = np.cumsum(self.video_clips)
+        self._storage: np.ndarray | None = None
         bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
         if bad.size:
             raise DatasetError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
@@ -102,6 +104,43 @@ class ClipStore(Sequence):
         """How errors name global clip ``i``: its shard and identity."""
         v, c = self.locate(i)
         return self.reader(int(self.video_shard[v])).where(self.video_ids[v], c)
+
+    def storage_order(self) -> np.ndarray:
+        """Every clip index once, in the order the clips' bytes lie in the shards (shard by shard).
+
+        What ``DistributedClipSampler(order="blocks")`` reads in blocks of.
+        TFRecord shards say where each clip lies (exact). LMDB stores no
+        positions: its writer stored the videos of a shard in the order the
+        job's ``plan.json`` lists them (videos added or retried later come
+        after them), so that order is taken when the plan is there, else the
+        reading order. A wrong guess costs only locality, never a clip.
+        """
+        if self._storage is None:
+            planned = self._planned_order()
+            number = {(int(s), vid): v for v, (s, vid) in enumerate(zip(self.video_shard.tolist(), self.video_ids))}
+            starts = self._ends - self.video_clips
+            videos: list[int] = []
+            for si in range(len(self.shard_paths)):
+                ids = self.reader(si).storage_order()
+                if ids is None:
+                    ids = planned.get(self.manifest["shards"][si]["name"], [])
+                mine = [number[(si, vid)] for vid in ids if (si, vid) in number]
+                seen = set(mine)
+                mine += [v for v in np.flatnonzero(self.video_shard == si).tolist() if v not in seen]
+                videos += mine
+            v = np.asarray(videos, dtype=np.int64)
+            counts = self.video_clips[v]
+            self._storage = np.repeat(starts[v] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        return self._storage
+
+    def _planned_order(self) -> dict[str, list[str]]:
+        """Shard name -> its video ids in the plan's order (empty without a readable plan.json)."""
+        try:
+            with open(os.path.join(self.root, PLAN)) as fh:
+                plan = json.load(fh)
+            return {s["name"]: [item[0] for item in s["items"]] for s in plan["shards"]}
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return {}  # only a hint: without it, reading order
 
     def labels(self) -> np.ndarray:
         """The label of every clip, in index order (for samplers)."""

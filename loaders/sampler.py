@@ -5,6 +5,16 @@ An epoch's global order is a function of (seed, epoch) only: a permutation
 multiple of the rank count (or cut, with ``drop_last``), then dealt out
 round-robin as torch's DistributedSampler does. Each rank therefore sees a
 disjoint, equal share, and a restarted job reproduces the order exactly.
+
+``order="blocks"`` is the order for shards larger than memory (FFCV's
+quasi-random order, WebDataset's shard-then-buffer shuffle): the epoch's clips,
+taken in the order their bytes lie in the shards (``ClipStore.storage_order``),
+are cut into blocks of ``block`` neighbours; the blocks are shuffled, and the
+clips of each run of ``window`` consecutive blocks are shuffled together. A
+reader then touches about ``window * block`` clips' worth of the shards at a
+time, and the kernel's read-ahead, wasted on random reads, brings in clips that
+are read next. Ranks are dealt the same order round-robin, so the ranks of one
+node read the same blocks through one page cache.
 """
 
 from __future__ import annotations
@@ -23,6 +33,53 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
+
+
+ORDERS = ("random", "blocks")
+
+
+def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: np.random.Generator, *, block: int,
+                   window: int) -> np.ndarray:
+    """``candidates`` (clip indices, repeats allowed) in block-shuffled order.
+
+    ``storage_rank[i]`` is clip ``i``'s place in the shards' storage order.
+    The candidates, in storage order, are cut into blocks of ``block``; the
+    blocks are permuted by ``rng``, and each run of ``window`` consecutive
+    blocks of that permutation is emitted with its clips shuffled together.
+    Vectorised: two sorts of the epoch's clips, whatever their number.
+    """
+    candidates = np.asarray(candidates, dtype=np.int64)
+    placed = candidates[np.argsort(storage_rank[candidates], kind="stable")]
+    m = placed.size
+    blocks = -(-m // block)
+    read_at = np.empty(blocks, dtype=np.int64)
+    read_at[rng.permutation(blocks)] = np.arange(blocks)  # block b is the read_at[b]-th block read
+    window_of = read_at[np.arange(m) // block] // window
+    return placed[np.lexsort((rng.random(m), window_of))]
+
+
+def _check_order(order: str, storage_order: np.ndarray | None, n: int, block: int, window: int,
+                 shuffle: bool) -> np.ndarray | None:
+    """The storage rank of every clip for ``order="blocks"`` (None for random order), after checking the settings."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    for name, value in (("block", block), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if order == "random":
+        if storage_order is not None:
+            raise ValueError("storage_order is used by order='blocks' only")
+        return None
+    if not shuffle:
+        raise ValueError("order='blocks' is a shuffle; with shuffle=False the order is the index order")
+    if storage_order is None:
+        raise ValueError("order='blocks' needs storage_order (the dataset's store.storage_order())")
+    storage = np.asarray(storage_order, dtype=np.int64).reshape(-1)
+    if storage.size != n or (n and not np.array_equal(np.sort(storage), np.arange(n))):
+        raise ValueError(f"storage_order must hold every clip index 0..{n - 1} once, got {storage.size} values")
+    rank = np.empty(n, dtype=np.int64)
+    rank[storage] = np.arange(n)
+    return rank
 
 
 class EpochPosition:
@@ -88,11 +145,20 @@ class DistributedClipSampler(Sampler, EpochPosition):
     sampler.set_epoch(epoch)`` loop resumes correctly. The sampler cannot know
     how far training got (DataLoader prefetch runs ahead of the model), so the
     trainer counts consumed samples and passes them to ``state_dict``.
+
+    ``order``: ``"random"`` (default) or ``"blocks"``, the block-shuffled
+    order for shards larger than memory (module docstring): ``storage_order``
+    is then the clip indices in the order they lie in the shards
+    (``ClipStore.storage_order()``), ``block`` the neighbours read together and
+    ``window`` the blocks shuffled together (``window * block`` clips should
+    fit in the node's page cache). It applies to ``balanced`` draws too.
     """
 
     def __init__(self, n_or_labels: int | Sequence[int] | np.ndarray, *, num_replicas: int | None = None,
                  rank: int | None = None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 balanced: bool = False, with_epoch: bool = True, epoch_size: int | None = None) -> None:
+                 balanced: bool = False, with_epoch: bool = True, epoch_size: int | None = None,
+                 order: str = "random", storage_order: Sequence[int] | np.ndarray | None = None, block: int = 64,
+                 window: int = 16) -> None:
         if isinstance(n_or_labels, (int, np.integer)):
             self.n = int(n_or_labels)
             self.labels: np.ndarray | None = None
@@ -116,6 +182,8 @@ class DistributedClipSampler(Sampler, EpochPosition):
             raise ValueError(f"labels must be >= 0 for balanced sampling, got {int(self.labels.min())}")
         if epoch_size is not None and (not balanced or epoch_size < 1):
             raise ValueError("epoch_size applies to balanced=True only and must be >= 1")
+        self._storage_rank = _check_order(order, storage_order, self.n, block, window, bool(shuffle))
+        self.order, self.block, self.window = order, int(block), int(window)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
         self.balanced, self.with_epoch = bool(balanced), bool(with_epoch)
         self.epoch = 0
@@ -148,10 +216,17 @@ class DistributedClipSampler(Sampler, EpochPosition):
         if self.balanced:
             counts = np.bincount(self.labels)
             weight = 1.0 / counts[self.labels]
-            return rng.choice(self.n, size=self.epoch_size, replace=True, p=weight / weight.sum())
+            drawn = rng.choice(self.n, size=self.epoch_size, replace=True, p=weight / weight.sum())
+            return drawn if self._storage_rank is None else self._shuffled(drawn, rng)
         if self.shuffle:
-            return rng.permutation(self.n)
+            return self._shuffled(np.arange(self.n), rng)  # random order: rng.permutation(n), as before
         return np.arange(self.n)
+
+    def _shuffled(self, candidates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``candidates`` in this sampler's shuffled order (``order``: random or block-shuffled)."""
+        if self._storage_rank is None:
+            return candidates[rng.permutation(candidates.size)]
+        return block_shuffled(candidates, self._storage_rank, rng, block=self.block, window=self.window)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's share of the epoch, from its first sample (ignores the position)."""
@@ -168,8 +243,9 @@ class DistributedClipSampler(Sampler, EpochPosition):
         return self.num_samples
 
     def __repr__(self) -> str:
+        blocks = f", order=blocks of {self.block} x {self.window}" if self.order == "blocks" else ""
         return (f"DistributedClipSampler(n={self.n}, rank {self.rank}/{self.num_replicas}, "
-                f"shuffle={self.shuffle}, balanced={self.balanced}, seed={self.seed}, epoch={self.epoch}, "
+                f"shuffle={self.shuffle}, balanced={self.balanced}{blocks}, seed={self.seed}, epoch={self.epoch}, "
                 f"position={self.position})")
 
 
@@ -197,11 +273,15 @@ class VideoEpochSampler(DistributedClipSampler):
     and then padded or cut and dealt out to ranks exactly as
     ``DistributedClipSampler`` does, with the same ``set_epoch`` /
     ``set_position`` / ``state_dict`` resume. Indices are clip indices.
+    ``order``, ``storage_order``, ``block`` and ``window`` as there: with
+    ``order="blocks"`` the chosen clips are block-shuffled instead.
     """
 
     def __init__(self, video_index: Sequence[int] | np.ndarray, *, clips_per_video: int = 1,
                  num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, with_epoch: bool = True) -> None:
+                 drop_last: bool = False, with_epoch: bool = True, order: str = "random",
+                 storage_order: Sequence[int] | np.ndarray | None = None, block: int = 64,
+                 window: int = 16) -> None:
         videos = np.asarray(video_index, dtype=np.int64).reshape(-1)
         if videos.size and (videos.min() < 0 or np.any(np.diff(videos) < 0)):
             raise ValueError("video_index must be video numbers >= 0 in clip order (each video's clips together)")
@@ -209,7 +289,8 @@ class VideoEpochSampler(DistributedClipSampler):
                 or clips_per_video < 1:
             raise ValueError(f"clips_per_video must be an int >= 1, got {clips_per_video!r}")
         super().__init__(int(videos.size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
-                         drop_last=drop_last, with_epoch=with_epoch)
+                         drop_last=drop_last, with_epoch=with_epoch, order=order, storage_order=storage_order,
+                         block=block, window=window)
         self.k = int(clips_per_video)
         # Each video's clips as a run [start, start + count) of clip indices.
         starts = np.flatnonzero(np.diff(videos, prepend=-1)) if videos.size else np.zeros(0, np.int64)
@@ -250,7 +331,7 @@ class VideoEpochSampler(DistributedClipSampler):
     def _epoch_order(self, epoch: int) -> np.ndarray:
         order = self.chosen(epoch).reshape(-1)
         if self.shuffle:
-            order = order[np.random.default_rng((self.seed, epoch)).permutation(order.size)]
+            order = self._shuffled(order, np.random.default_rng((self.seed, epoch)))
         return order
 
     def __repr__(self) -> str:
@@ -258,4 +339,4 @@ class VideoEpochSampler(DistributedClipSampler):
                 f"{self.num_replicas}, seed={self.seed}, epoch={self.epoch}, position={self.position})")
 
 
-__all__ = ["DistributedClipSampler", "VideoEpochSampler"]
+__all__ = ["ORDERS", "DistributedClipSampler", "VideoEpochSampler", "block_shuffled"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from loaders import DistributedClipSampler
+from loaders.sampler import VideoEpochSampler
 
 
 def _ranks(n, world=2, **kw) -> list[DistributedClipSampler]:
@@ -179,3 +180,79 @@ def test_video_epochs_drop_last_and_padding_as_the_clip_sampler():
     assert [len(s) for s in padded] == [4, 4, 4]
     flat = [i for s in padded for _, i in s]
     assert sorted(Counter(int(VIDEO_INDEX[i]) for i in flat).values()) == [1] * 8 + [2] * 2
+
+
+# -- order="blocks": the block-shuffled order for shards larger than memory ---------------------------------
+
+def _blocks_sampler(n, storage, world=1, rank=0, **kw) -> DistributedClipSampler:
+    return DistributedClipSampler(n, num_replicas=world, rank=rank, seed=5, with_epoch=False, order="blocks",
+                                  storage_order=storage, **kw)
+
+
+def test_block_order_reads_each_window_of_blocks_together_and_every_clip_once():
+    n, block, window = 96, 4, 3
+    storage = np.random.default_rng(1).permutation(n)  # where the clips lie: any permutation
+    blocks = [set(storage[b:b + block].tolist()) for b in range(0, n, block)]
+    s = _blocks_sampler(n, storage, block=block, window=window)
+    orders = []
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        got = list(s)
+        assert sorted(got) == list(range(n))  # every clip once
+        run = block * window
+        for k in range(0, n, run):
+            chunk = set(got[k:k + run])
+            used = [b for b in blocks if b & chunk]
+            assert len(used) == window and set().union(*used) == chunk  # exactly `window` whole blocks
+        orders.append(got)
+    assert len({tuple(o) for o in orders}) == 3
+    again = _blocks_sampler(n, storage, block=block, window=window)
+    again.set_epoch(2)
+    assert list(again) == orders[2]  # a function of (seed, epoch) alone
+
+
+def test_block_order_over_two_ranks_is_disjoint_and_resumes_exactly():
+    n = 50
+    storage = np.arange(n)[::-1].copy()
+    ranks = [_blocks_sampler(n, storage, world=2, rank=r, block=5, window=2) for r in range(2)]
+    for s in ranks:
+        s.set_epoch(1)
+    shares = [list(s) for s in ranks]
+    assert [len(x) for x in shares] == [25, 25] and sorted(shares[0] + shares[1]) == list(range(n))
+    resumed = _blocks_sampler(n, storage, world=2, rank=1, block=5, window=2)
+    resumed.load_state_dict({"epoch": 1, "position": 9})
+    assert list(resumed) == shares[1][9:]
+
+
+def test_random_order_is_unchanged_by_the_order_setting():
+    s = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
+    s.set_epoch(4)
+    assert list(s) == np.random.default_rng((3, 4)).permutation(40).tolist()
+
+
+def test_block_order_keeps_balanced_draws_and_video_epochs():
+    labels = np.array([0] * 30 + [1] * 6)
+    storage = np.arange(36)
+    plain = DistributedClipSampler(labels, num_replicas=1, rank=0, seed=2, balanced=True, with_epoch=False)
+    blocky = DistributedClipSampler(labels, num_replicas=1, rank=0, seed=2, balanced=True, with_epoch=False,
+                                    order="blocks", storage_order=storage, block=4, window=2)
+    assert sorted(plain) == sorted(blocky) and list(plain) != list(blocky)  # the same draws, reordered
+    video = np.repeat(np.arange(12), 3)
+    a = VideoEpochSampler(video, clips_per_video=2, num_replicas=1, rank=0, seed=4, with_epoch=False)
+    b = VideoEpochSampler(video, clips_per_video=2, num_replicas=1, rank=0, seed=4, with_epoch=False,
+                          order="blocks", storage_order=np.arange(36), block=4, window=2)
+    assert sorted(a) == sorted(b)
+    assert Counter(int(i) // 3 for i in b) == {v: 2 for v in range(12)}
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"order": "sorted"}, "order must be one of random, blocks"),
+    ({"order": "blocks"}, "needs storage_order"),
+    ({"order": "blocks", "storage_order": [0, 1, 2], "shuffle": False}, "is a shuffle"),
+    ({"order": "blocks", "storage_order": [0, 1, 1]}, "every clip index 0..2 once"),
+    ({"order": "blocks", "storage_order": [0, 1, 2], "block": 0}, "block must be an int >= 1"),
+    ({"order": "random", "storage_order": [0, 1, 2]}, "used by order='blocks' only"),
+])
+def test_block_order_settings_are_checked(kw, message):
+    with pytest.raises(ValueError, match=message):
+        DistributedClipSampler(3, num_replicas=1, rank=0, **kw)

@@ -70,7 +70,10 @@ def test_config_is_frozen_and_validates_with_allowed_values(tiny_data, tmp_path)
              ({"amp": "fp16"}, "--amp fp16 needs CUDA"),
              ({"device": "tpu"}, "--device 'tpu': expected cpu, cuda or cuda:N"),
              ({"batch_size": 9, "accum_steps": 2}, "--batch-size 9 is not divisible by --accum-steps 2"),
-             ({"steps_per_epoch": 4}, "steps_per_epoch 4 is not epoch_samples 40 // batch_size 8")]
+             ({"steps_per_epoch": 4}, "steps_per_epoch 4 is not epoch_samples 40 // batch_size 8"),
+             ({"order": "sorted"}, "--order 'sorted': expected one of random, blocks"),
+             ({"order_window": 0}, "--order-window must be an integer >= 1, got 0"),
+             ({"order": "blocks", "loader": "dali"}, "--order blocks needs --loader threads or processes")]
     for change, message in cases:
         with pytest.raises(TrainError) as err:
             dataclasses.replace(cfg, **change)

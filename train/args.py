@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from loaders.sampler import ORDERS
+
 from .config import AMP_DTYPES, BACKENDS, EPOCH_MODES, LOADER_ALIASES, LOADERS, OPTIMIZERS
 from .data import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES
@@ -61,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
                         "usual Kinetics regime; --loader threads or processes)")
     g.add_argument("--clips-per-video", type=int, default=1, help="with --epoch-mode videos (default 1)")
+    g.add_argument("--order", default="random", choices=ORDERS,
+                   help="random: each epoch a fresh random order (default); blocks: for shards larger than the "
+                        "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
+                        "and the clips of each --order-window blocks shuffled together, so that the kernel's "
+                        "read-ahead brings in clips read next (README: Shards larger than memory)")
+    g.add_argument("--order-block", type=int, default=64, help="with --order blocks: clips per block (default 64)")
+    g.add_argument("--order-window", type=int, default=16,
+                   help="with --order blocks: blocks shuffled together (default 16; window x block clips "
+                        "should fit in the page cache)")
     g.add_argument("--no-flip", action="store_true", help="no random horizontal flip in training")
 
     g = p.add_argument_group("model")

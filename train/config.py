@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from loaders import default_threads
+from loaders.sampler import ORDERS
 
 from .data import PROTOCOLS, DataShape, check_dataset, dataset_info, train_sampler
 from .dist import DistInfo
@@ -43,7 +44,7 @@ OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("nccl", "gloo")
 
 # Allowed values of the settings that take a name (None: the setting may be unset).
-_CHOICES: dict[str, tuple] = {"loader": LOADERS, "epoch_mode": EPOCH_MODES, "optimizer": OPTIMIZERS,
+_CHOICES: dict[str, tuple] = {"loader": LOADERS, "epoch_mode": EPOCH_MODES, "order": ORDERS, "optimizer": OPTIMIZERS,
                               "lr_scaling": SCALINGS, "schedule": SCHEDULES, "amp": tuple(AMP_DTYPES),
                               "eval_protocol": PROTOCOLS, "dist_backend": (None, *BACKENDS)}
 # Smallest allowed value of the integer settings; those in _OPTIONAL may also be None (unset).
@@ -52,7 +53,7 @@ _AT_LEAST: dict[str, int] = {"workers": 0, "crop_size": 1, "clip_len": 1, "downs
                              "accum_steps": 1, "lr_ref_batch": 1, "warmup_steps": 0, "growth_interval": 1,
                              "keep_last": 1, "early_stop": 1, "eval_every": 0, "ckpt_every": 0, "log_every": 1,
                              "threads": 1, "profile": 0, "world_size": 1, "epoch_samples": 0,
-                             "steps_per_epoch": 1}
+                             "steps_per_epoch": 1, "order_block": 1, "order_window": 1}
 # Ranges of the real-valued settings: (low, low included, high, high included); None: no bound.
 _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "model_width": (0.0, False, None, False), "dropout": (0.0, True, 1.0, False),
@@ -64,6 +65,10 @@ _RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
     "ddp_bucket_mb": (0.0, False, None, False)}
 _OPTIONAL = {"max_steps", "batch_size", "eval_batch_size", "warmup_steps", "early_stop", "threads",
              "steps_per_epoch", "max_lr", "warmup_epochs", "clip_grad_norm"}
+
+
+# Settings newer than some checkpoints, with the value that gives what a run before them did.
+_ADDED: dict[str, Any] = {"order": "random", "order_block": 64, "order_window": 16}
 
 
 def flag(name: str) -> str:
@@ -99,6 +104,9 @@ class TrainConfig:
     colour_permutation: bool
     epoch_mode: str
     clips_per_video: int
+    order: str
+    order_block: int
+    order_window: int
     no_flip: bool
     # model
     model_width: float
@@ -198,6 +206,9 @@ class TrainConfig:
                              "or off")
         if cpu and self.channels_last:
             raise TrainError("--channels-last needs CUDA (channels_last_3d convolutions are a GPU speed-up)")
+        if self.order != "random" and self.loader == "dali":
+            raise TrainError(f"--order {self.order} needs --loader threads or processes (DALI's reader keeps its "
+                             f"own order: files read in turn through a shuffle buffer)")
         if self.crop_size % self.downsample:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
         if self.warmup_steps is not None and self.warmup_epochs is not None:
@@ -272,6 +283,8 @@ class TrainConfig:
         if not isinstance(values, Mapping):
             raise TrainError(f"a config must be a dict, got {type(values).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        # Settings added since the first checkpoints, at the values that reproduce what those runs did.
+        values = {**_ADDED, **values}
         missing, unknown = sorted(names - set(values)), sorted(set(values) - names)
         if missing or unknown:
             raise TrainError("config " + "; ".join(

@@ -103,20 +103,23 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
 
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,
-                  seed: int) -> DistributedClipSampler:
+                  seed: int, order: str = "random", storage_order: np.ndarray | None = None, block: int = 64,
+                  window: int = 16) -> DistributedClipSampler:
     """One rank's training order over videos of ``video_clips`` stored clips each.
 
     ``epoch_mode`` clips: every stored clip once per epoch; videos:
     ``clips_per_video`` of each video's clips, chosen anew each epoch. Shuffled
-    by (seed, epoch); the last partial share is dropped, so every rank has the
-    same ``len()``, the clips it trains on per epoch.
+    by (seed, epoch), in random order or, with ``order="blocks"``, in blocks
+    of ``block`` clips that lie side by side (``storage_order``), ``window``
+    blocks shuffled together; the last partial share is dropped, so every rank
+    has the same ``len()``, the clips it trains on per epoch.
     """
+    kw = dict(num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True, order=order,
+              storage_order=storage_order, block=block, window=window)
     if epoch_mode == "videos":
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
-        return VideoEpochSampler(index, clips_per_video=clips_per_video, num_replicas=world_size, rank=rank,
-                                 shuffle=True, seed=seed, drop_last=True)
-    return DistributedClipSampler(int(sum(video_clips)), num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-                                  drop_last=True)
+        return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
+    return DistributedClipSampler(int(sum(video_clips)), **kw)
 
 
 class RankSplit(Sampler):
@@ -412,7 +415,9 @@ def _train_data(root: str, args: TrainConfig, info: DistInfo) -> TrainData:
                          int(loader.steps_per_epoch))
     ds = _dataset(root, True, preset, args)
     sampler = train_sampler(ds.store.video_clips, epoch_mode=args.epoch_mode, clips_per_video=args.clips_per_video,
-                            world_size=info.world_size, rank=info.rank, seed=args.seed)
+                            world_size=info.world_size, rank=info.rank, seed=args.seed, order=args.order,
+                            storage_order=ds.store.storage_order() if args.order == "blocks" else None,
+                            block=args.order_block, window=args.order_window)
     loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
                           pin_memory=info.device.type == "cuda", **_readers(args))
     return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size,

@@ -262,6 +262,11 @@ class ShardReader:
         """(header bytes, header, payload) of every clip in reading order (views valid until the next item)."""
         raise NotImplementedError
 
+    def storage_order(self) -> list[str] | None:
+        """Ids of the shard's videos with clips, in the order their clips lie in its files; None where the
+        backend does not record where values lie (LMDB), so that a reader must take a hint instead."""
+        return None
+
     def checksum(self, version: int) -> str:
         """The shard checksum as the manifest of ``version`` defines it (lowercase hex)."""
         if version < 2:

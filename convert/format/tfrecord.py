@@ -516,6 +516,11 @@ class TFRecordReader(ShardReader):
     def records(self) -> list[VideoRecord]:
         return self._records
 
+    def storage_order(self) -> list[str]:
+        # Exact: a video's clips are consecutive records of the part that holds its record.
+        clips = {r.video_id: r.clips for r in self._records}
+        return [vid for vid in sorted(self._where, key=self._where.__getitem__) if clips.get(vid)]
+
     def files(self) -> list[dict]:
         """The record files and their index files (paths relative to the shard folder)."""
         return [{"path": part_name(p["part"], "tfrecord"), "index": part_name(p["part"], "idx"),
