@@ -8,8 +8,6 @@ batch.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from convert.format import ClipHeader, FormatError, check_crc, codec_for_id
@@ -51,7 +49,7 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
     frames = codec.window(payload, header.shape, params.t0, params.t)
     try:
-        apply(frames, dataclasses.replace(params, t0=0), out=out)
+        apply(frames, params, out=out, first=params.t0)
     except ValueError as exc:
         raise FormatError(str(exc)) from exc
 

@@ -27,6 +27,7 @@ from convert.decode import FrameSpec, VideoDecoder, VideoError
 from convert.sources import load_source
 
 from .clipstore import DatasetError
+from .keyed import KeyedDraws
 from .presets import ClipPreset
 
 
@@ -84,8 +85,7 @@ class OnTheFlyVideoDataset(Dataset):
                 if self.train:
                     estimate = dec.probe().frames_estimate
                     # A stream of its own, so the window does not shift the preset's draws.
-                    rng = np.random.default_rng((self.seed, int(epoch), int(i), 1))
-                    t0 = int(rng.integers(0, max(estimate - self.clip_len, 0) + 1))
+                    t0 = KeyedDraws(self.seed, int(epoch), int(i), 1).integers(max(estimate - self.clip_len, 0) + 1)
                     kept: deque = deque(maxlen=self.clip_len)
                     seen = 0
                     for frame in dec:

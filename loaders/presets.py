@@ -2,7 +2,7 @@
 
 Every reader (the LMDB path here, a DALI path later) asks a ``ClipPreset`` for
 ``CropParams`` and applies them, so all readers feed the model the same pixels.
-Augmentation is drawn from ``np.random.default_rng((seed, epoch, index))``:
+Augmentation is drawn from ``KeyedDraws(seed, epoch, index)`` (``loaders.keyed``):
 a sample's crop depends only on the seed, the epoch and the sample's index,
 never on which worker, rank or resume point produced it.
 
@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from .keyed import KeyedDraws
 
 # torchvision's video models (r3d_18 etc., Kinetics-400): mean/std in 0..1,
 # scaled here to 0..255 because the clips stay uint8 until the device.
@@ -141,20 +143,20 @@ class ClipPreset:
             return CropParams(_centre(t_all, length), y0, x0, side, side, False, t=length)
         if epoch < 0 or index < 0:
             raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")
-        rng = np.random.default_rng((self.seed, int(epoch), int(index)))
-        t0 = int(rng.integers(0, t_all - length + 1))
+        rng = KeyedDraws(self.seed, int(epoch), int(index))
+        t0 = rng.integers(t_all - length + 1)
         out_size = None
         if self.multiscale is not None:
-            scale = self.multiscale[int(rng.integers(len(self.multiscale)))]
+            scale = self.multiscale[rng.integers(len(self.multiscale))]
             short = min(h_all, w_all)
             side = min(short, max(1, int(round(short * scale))))
             if side != self.crop_size:
                 out_size = (self.crop_size, self.crop_size)
         else:
             side = self._check_fits(self.crop_size, h_all, w_all)
-        y0 = int(rng.integers(0, h_all - side + 1))
-        x0 = int(rng.integers(0, w_all - side + 1))
-        flip = bool(rng.random() < 0.5) and self.flip
+        y0 = rng.integers(h_all - side + 1)
+        x0 = rng.integers(w_all - side + 1)
+        flip = rng.uniform() < 0.5 and self.flip
         return CropParams(t0, y0, x0, side, side, flip, t=length, out_size=out_size)
 
     @staticmethod
@@ -163,9 +165,10 @@ class ClipPreset:
             raise ValueError(f"crop_size {side} does not fit stored frames of {h}x{w}")
         return side
 
-    def apply(self, clip: np.ndarray, params: CropParams, out: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *,
+              first: int = 0) -> np.ndarray:
         """Same as the module's ``apply``; here for readers that hold only the preset."""
-        return apply(clip, params, out=out)
+        return apply(clip, params, out=out, first=first)
 
 
 def resize_bilinear(frames: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
@@ -192,21 +195,26 @@ def resize_bilinear(frames: np.ndarray, size: tuple[int, int], out: np.ndarray |
     return out
 
 
-def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None) -> np.ndarray:
+def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *, first: int = 0) -> np.ndarray:
     """Cut (and flip, and resize) ``clip`` as ``params`` say; uint8 in, new uint8 array out.
 
     With ``out`` the result is written there (it must have the output shape),
-    which lets a batch be assembled in one preallocated array.
+    which lets a batch be assembled in one preallocated array. ``first``: the
+    stored frame that ``clip[0]`` is, when ``clip`` is a codec's temporal
+    window rather than the whole stored clip (``params.t0`` counts stored
+    frames).
     """
     if not isinstance(clip, np.ndarray) or clip.dtype != np.uint8 or clip.ndim != 4:
         raise ValueError(f"clip must be a uint8 numpy array (T, H, W, C), got "
                          f"{getattr(clip, 'dtype', type(clip))} {getattr(clip, 'shape', '')}")
     t_all, h_all, w_all, _ = clip.shape
     p = params
-    length = p.t if p.t is not None else t_all - p.t0
-    if p.t0 < 0 or p.t0 + length > t_all or p.y0 < 0 or p.y0 + p.h > h_all or p.x0 < 0 or p.x0 + p.w > w_all:
-        raise ValueError(f"crop {p} falls outside a clip of shape {clip.shape}")
-    view = clip[p.t0:p.t0 + length, p.y0:p.y0 + p.h, p.x0:p.x0 + p.w]
+    t0 = p.t0 - first
+    length = p.t if p.t is not None else t_all - t0
+    if t0 < 0 or t0 + length > t_all or p.y0 < 0 or p.y0 + p.h > h_all or p.x0 < 0 or p.x0 + p.w > w_all:
+        raise ValueError(f"crop {p} falls outside a clip of shape {clip.shape}" +
+                         (f" holding stored frames from {first}" if first else ""))
+    view = clip[t0:t0 + length, p.y0:p.y0 + p.h, p.x0:p.x0 + p.w]
     if p.out_size is not None and tuple(p.out_size) != (p.h, p.w):
         # Flip first, then resize: the resize gathers pixels anyway, so the
         # reversed view costs nothing extra there.

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .keyed import GOLDEN, mix64
+
 
 def _world() -> tuple[int, int]:
     dist = torch.distributed
@@ -249,15 +251,7 @@ class DistributedClipSampler(Sampler, EpochPosition):
                 f"position={self.position})")
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix64(x: np.ndarray | np.uint64) -> np.ndarray | np.uint64:
-    """SplitMix64's finaliser: a well-mixed 64-bit hash of each value (wrapping arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+_GOLDEN = np.uint64(GOLDEN)
 
 
 class VideoEpochSampler(DistributedClipSampler):
@@ -314,8 +308,8 @@ class VideoEpochSampler(DistributedClipSampler):
         video = np.repeat(np.arange(self.num_videos, dtype=np.uint64), self.video_count)
         within = np.arange(n, dtype=np.int64) - np.repeat(self.video_start, self.video_count)
         with np.errstate(over="ignore"):
-            base = _mix64(np.uint64(self.seed) * _GOLDEN + _mix64(np.uint64(epoch) + _GOLDEN))
-            keys = _mix64(base ^ _mix64(video * _GOLDEN + within.astype(np.uint64)))
+            base = mix64(np.uint64(self.seed) * _GOLDEN + mix64(np.uint64(epoch) + _GOLDEN))
+            keys = mix64(base ^ mix64(video * _GOLDEN + within.astype(np.uint64)))
         # Clips by video, then key. The videos' runs keep their place (video is already sorted), so
         # sorted position p holds a clip of video[p], ranked within[p] in that video by key.
         order = np.lexsort((keys, video))

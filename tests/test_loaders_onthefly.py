@@ -84,8 +84,13 @@ def test_missing_video_file_is_a_clear_error(tmp_path):
 
 def test_bench_pieces_on_small_data(raw_root, synth_videos):
     from loaders import LmdbClipDataset
-    from loaders.bench import ReadCopyDataset, _as_is, measure
+    from loaders.bench import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, steady_sampler
     from loaders.clipstore import open_clips
+
+    steady = steady_sampler(10)
+    steady.set_epoch(3)
+    drawn = [i for _, i in steady]
+    assert len(drawn) == len(steady) == EPOCH_DRAWS * 10 and set(drawn) <= set(range(10))
 
     bound = ReadCopyDataset(raw_root)
     batch = bound.__getitems__([(0, 0), (0, 5)])

@@ -126,10 +126,14 @@ def test_temporal_jitter_window():
         got = apply(clip, prm)
         assert got.shape == (8, 112, 112, 3)
         assert np.array_equal(got[:, 0, 0, 0], np.arange(prm.t0, prm.t0 + 8))  # consecutive frames
+        # A codec's temporal window, cropped with first = the stored frame it starts at: the same pixels.
+        assert np.array_equal(apply(clip[prm.t0:prm.t0 + 8], prm, first=prm.t0), got)
         starts.add(prm.t0)
     assert starts == set(range(9))  # every window start 0..8 occurs
     with pytest.raises(ValueError, match="longer than the stored clip"):
         ClipPreset(train=True, clip_len=20).params(0, 0, clip.shape)
+    with pytest.raises(ValueError, match="holding stored frames from 3"):
+        apply(clip[3:11], CropParams(2, 0, 0, 112, 112, False, t=8), first=3)
 
 
 def test_multiscale_shape_scales_and_determinism():

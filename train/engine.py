@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from loaders.keyed import keyed_uniform
+
 from . import dist
 from .data import EvalData, TrainData, to_model_input
 from .errors import TrainError
@@ -124,8 +126,9 @@ def colour_permutation(x: torch.Tensor, index: torch.Tensor, epoch: int, seed: i
     per video let a small model memorise videos instead of learning motion).
     Keyed like the loader's crops, so ranks, workers and resumes see the same.
     """
-    choice = [int(np.random.default_rng([seed, epoch, int(i), 0xC0]).integers(len(_PERMS))) for i in index.tolist()]
-    perm = _PERMS[choice].to(x.device)
+    # KeyedDraws(seed, epoch, 0xC0, i) for every clip index i of the batch, in one vectorised call.
+    u = keyed_uniform((seed, epoch, 0xC0), index.cpu().numpy())
+    perm = _PERMS[torch.from_numpy((u * len(_PERMS)).astype(np.int64))].to(x.device)
     return x[torch.arange(x.shape[0], device=x.device)[:, None], perm]
 
 
