@@ -321,7 +321,11 @@ def run(args: argparse.Namespace) -> int:
         configs += [(name, "threads", n) for name in threaded_names for n in thread_counts(args.thread_counts, cpus)]
     results: dict[tuple[str, int], dict] = {}
     threaded: dict[tuple[str, int], dict] = {}
+    # Every round's rate of every configuration, for ratios taken within one round (the machine's
+    # state moves between rounds; a ratio of two bests may pair a good moment with a bad one).
+    rounds: list[dict[tuple[str, str, int], float]] = []
     for _ in range(args.rounds):
+        rounds.append({})
         for name, kind, n in configs:
             if name in others:
                 r = others[name](n)
@@ -330,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
                 r = measure(make(), batch_size=bs, workers=n if kind == "workers" else 0, seconds=secs,
                             start_method=sm, collate_fn=collate_fn, threads=n if kind == "threads" else None)
             into = results if kind == "workers" else threaded
+            rounds[-1][(kind, name, n)] = r["clips_s"]
             if (name, n) not in into or r["clips_s"] > into[(name, n)]["clips_s"]:
                 into[(name, n)] = r
             print(f"  {name:22s} {kind} {n}: {r['clips_s']:8.1f} clips/s", file=sys.stderr, flush=True)
@@ -340,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
         print("\nvalue: header + payload, equal on both backends; disk: allocated blocks of every shard file "
               "(LMDB's page and free-page overhead, TFRecord's Example framing and index files).")
     if "threads" in args.sections:
-        thread_table(threaded_names, threaded, results, args, cpus)
+        thread_table(threaded_names, threaded, results, args, cpus, rounds)
     if "engines" in args.sections:
         engine_table(paths, args, cpus)
     if "cold" in args.sections:
@@ -652,25 +657,44 @@ def thread_counts(requested: list[int] | None, cpus: int) -> list[int]:
     return sorted(set(requested or (1, 2, cpus)))
 
 
+def paired(rounds: list[dict[tuple[str, str, int], float]], a: tuple[str, str, int],
+           b: tuple[str, str, int]) -> float | None:
+    """Median over rounds of rate ``a`` / rate ``b`` measured in the same round (None when never both)."""
+    ratios = [r[a] / r[b] for r in rounds if a in r and b in r and r[b] > 0]
+    return float(np.median(ratios)) if ratios else None
+
+
 def thread_table(names: list[str], results: dict[tuple[str, int], dict], dataloader: dict[tuple[str, int], dict],
-                 args: argparse.Namespace, cpus: int) -> None:
-    """Each reader through ``build_loader(threads=N)``, against DataLoader workers and the in-process bound."""
+                 args: argparse.Namespace, cpus: int,
+                 rounds: list[dict[tuple[str, str, int], float]] | None = None) -> None:
+    """Each reader through ``build_loader(threads=N)``, against DataLoader workers and the in-process bound.
+
+    The ratio columns are of the best rounds; the ``med`` columns are the
+    medians of the ratios within each round (``paired``), the steadier
+    figure on a noisy machine.
+    """
     counts = thread_counts(args.thread_counts, cpus)
+    rounds = rounds or []
     in_process = dataloader.get((names[-1], 0), {}).get("clips_s")
+
+    def ratio(value: float | None, width: int) -> str:
+        return f"{value:{width - 1}.2f}x" if value is not None else f"{'-':>{width}s}"
+
     print("\nReader threads in the training process (build_loader(threads=N)):")
-    print(f"{'reader':22s} {'threads':>7s} {'clips/s':>9s} {'MB/s':>8s} {'x 1 thread':>10s} "
-          f"{'x DataLoader':>12s} {'of bound':>9s}")
+    print(f"{'reader':22s} {'threads':>7s} {'clips/s':>9s} {'MB/s':>8s} {'x 1 thread':>10s} {'med':>6s} "
+          f"{'x DataLoader':>12s} {'med':>6s} {'of bound':>9s}")
     for name in names:
         for n in counts:
             r = results[(name, n)]
             one = results[(name, counts[0])]["clips_s"]
             dl = dataloader.get((name, n))
-            vs_dl = f"{r['clips_s'] / dl['clips_s']:11.1f}x" if dl else f"{'-':>12s}"
             of_bound = f"{r['clips_s'] / in_process:8.0%}" if in_process else f"{'-':>9s}"
-            print(f"{name:22s} {n:7d} {r['clips_s']:9.1f} {r['mb_s']:8.1f} "
-                  f"{r['clips_s'] / one:9.2f}x {vs_dl} {of_bound}")
+            print(f"{name:22s} {n:7d} {r['clips_s']:9.1f} {r['mb_s']:8.1f} {ratio(r['clips_s'] / one, 10)} "
+                  f"{ratio(paired(rounds, ('threads', name, n), ('threads', name, counts[0])), 6)} "
+                  f"{ratio(r['clips_s'] / dl['clips_s'] if dl else None, 12)} "
+                  f"{ratio(paired(rounds, ('threads', name, n), ('workers', name, n)), 6)} {of_bound}")
     print("x DataLoader: against as many worker processes as threads; of bound: against the read+copy bound "
-          "in one process (0 workers).")
+          "in one process (0 workers); med: median over rounds of the ratio within a round.")
 
 
 # -- the same reads on thread-based loading libraries (why the loader is hand-written) --

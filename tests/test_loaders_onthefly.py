@@ -84,8 +84,13 @@ def test_missing_video_file_is_a_clear_error(tmp_path):
 
 def test_bench_pieces_on_small_data(raw_root, synth_videos):
     from loaders import LmdbClipDataset
-    from loaders.bench import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, steady_sampler
+    from loaders.bench import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, paired, steady_sampler
     from loaders.clipstore import open_clips
+
+    two, one = ("threads", "x", 2), ("threads", "x", 1)
+    rounds = [{two: 3.0, one: 2.0}, {two: 2.0, one: 1.0}, {two: 5.0, one: 2.0}, {two: 9.0}]
+    assert paired(rounds, two, one) == 2.0  # the ratios 1.5, 2, 2.5 within rounds; the last has no pair
+    assert paired(rounds[3:], two, one) is None
 
     steady = steady_sampler(10)
     steady.set_epoch(3)
