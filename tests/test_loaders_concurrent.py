@@ -117,6 +117,17 @@ def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
     assert faults >= 1
 
 
+@pytest.mark.parametrize("order", ["random", "blocks"])
+def test_the_small_cache_benchmark_reads_every_clip_once_in_the_samplers_order(raw_root, order):  # noqa: F811
+    """``--sections smallcache``'s reader (here without a cgroup): each clip once, from storage, in either order."""
+    from loaders.bench import read_in_order
+
+    n = len(open_clips(raw_root))
+    r = read_in_order(raw_root, order=order, block=4, window=2)
+    assert r["clips"] == r["distinct"] == n
+    assert r["clips_s"] > 0 and r["mb_read"] >= 0
+
+
 def test_closing_a_store_lets_go_of_its_shards_and_it_reads_again(raw_root):  # noqa: F811
     store = open_clips(raw_root)
     first = store.get(0).clip.copy()
