@@ -124,13 +124,15 @@ class ClipStore(Sequence):
                 ids = self.reader(si).storage_order()
                 if ids is None:
                     ids = planned.get(self.manifest["shards"][si]["name"], [])
-                mine = [number[(si, vid)] for vid in ids if (si, vid) in number]
-                seen = set(mine)
-                mine += [v for v in np.flatnonzero(self.video_shard == si).tolist() if v not in seen]
+                # Each video once (its first place), then those the order does not name, in reading order.
+                mine = dict.fromkeys(number[(si, vid)] for vid in ids if (si, vid) in number)
+                mine.update(dict.fromkeys(np.flatnonzero(self.video_shard == si).tolist()))
                 videos += mine
             v = np.asarray(videos, dtype=np.int64)
             counts = self.video_clips[v]
-            self._storage = np.repeat(starts[v] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+            order = np.repeat(starts[v] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+            order.flags.writeable = False  # cached and shared with every sampler that asks
+            self._storage = order
         return self._storage
 
     def _planned_order(self) -> dict[str, list[str]]:
