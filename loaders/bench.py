@@ -403,11 +403,24 @@ def _data_files(root: str) -> list[str]:
             if f == "data.mdb" or f.endswith(".tfrecord")]
 
 
-def cold_read(root: str, *, cold: bool) -> dict:
-    """Every clip of the conversion at ``root`` read and decoded once, one thread, in a shuffled order
-    (a training epoch's access pattern), from a freshly opened store: clips/s and major page faults per clip.
+def _io_read_bytes() -> int:
+    """Bytes this process has had read from storage (``/proc/self/io``; page faults' read-ahead included)."""
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    raise OSError("/proc/self/io has no read_bytes")
 
-    ``cold`` drops the shard files from the page cache first; otherwise one untimed pass loads them.
+
+def cold_read(root: str, *, cold: bool = True, order: str = "random", block: int = 64, window: int = 16,
+              join: str | None = None) -> dict:
+    """Every clip of the conversion at ``root`` read and decoded once, one thread, in epoch 0's order of
+    ``DistributedClipSampler(order=...)`` (a training epoch's access pattern), from a freshly opened store.
+
+    ``cold`` drops the shard files from the page cache first; otherwise one
+    untimed pass loads them. ``join``: a cgroup's ``cgroup.procs``, joined
+    after the drop (so only what is read is charged to it). Returns clips/s,
+    major page faults and MB read from storage per clip, and the clips read.
     """
     import resource
 
@@ -419,24 +432,32 @@ def cold_read(root: str, *, cold: bool) -> dict:
             HANDLES.forget(path)
 
     store = open_clips(root)
-    order = list(DistributedClipSampler(len(store), num_replicas=1, rank=0, seed=0, with_epoch=False))
+    storage = store.storage_order() if order == "blocks" else None
+    indices = list(DistributedClipSampler(len(store), num_replicas=1, rank=0, seed=0, with_epoch=False,
+                                          order=order, storage_order=storage, block=block, window=window))
     if cold:
         close_all(store)
         if not drop_from_page_cache(_data_files(root)):
             print(f"  {root}: could not drop every page from the cache; the cold row is partly warm",
                   file=sys.stderr, flush=True)
+        if join:
+            with open(join, "w") as fh:
+                fh.write(str(os.getpid()))
         store = open_clips(root)
     else:
-        for i in order:
+        for i in indices:
             store.get(i)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    faults, read = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _io_read_bytes()
     t0 = time.perf_counter()
-    for i in order:
+    for i in indices:
         store.get(i)
     elapsed = time.perf_counter() - t0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    read = _io_read_bytes() - read
     close_all(store)
-    return {"clips_s": len(order) / elapsed, "faults": faults / len(order)}
+    n = len(indices)
+    return {"clips_s": n / elapsed, "faults": faults / n, "mb_read": read / n / 1e6, "clips": n,
+            "distinct": len(set(indices))}
 
 
 def cold_table(paths: dict[str, str], args: argparse.Namespace) -> None:
@@ -467,15 +488,6 @@ def cold_table(paths: dict[str, str], args: argparse.Namespace) -> None:
         w, c = best[(name, False)], best[(name, True)]
         print(f"{name:30s} {w['clips_s']:13.1f} {c['clips_s']:13.1f} {c['clips_s'] / w['clips_s']:10.3f} "
               f"{c['faults']:18.1f}")
-
-
-def _io_read_bytes() -> int:
-    """Bytes this process has had read from storage (``/proc/self/io``; page faults' read-ahead included)."""
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    raise OSError("/proc/self/io has no read_bytes")
 
 
 class MemoryCgroup:
@@ -523,46 +535,6 @@ class MemoryCgroup:
                 return
             except OSError:
                 time.sleep(0.1)
-
-
-def read_in_order(root: str, *, order: str, block: int, window: int, join: str | None = None) -> dict:
-    """Every clip of the conversion at ``root`` read and decoded once, one thread, in epoch 0's order of
-    ``DistributedClipSampler(order=...)``, from shards dropped from the page cache first.
-
-    ``join``: a cgroup's ``cgroup.procs``, joined after the drop (so only what
-    is read is charged to it). Returns clips/s, major faults and MB read from
-    storage per clip, and the clips read.
-    """
-    import resource
-
-    from convert.format.lmdb import HANDLES
-
-    store = open_clips(root)
-    storage = store.storage_order() if order == "blocks" else None
-    sampler = DistributedClipSampler(len(store), num_replicas=1, rank=0, seed=0, with_epoch=False, order=order,
-                                     storage_order=storage, block=block, window=window)
-    indices = list(sampler)
-    store.close()
-    for path in store.shard_paths:
-        HANDLES.forget(path)
-    if not drop_from_page_cache(_data_files(root)):
-        print(f"  {root}: could not drop every page from the cache; the row is partly warm", file=sys.stderr,
-              flush=True)
-    if join:
-        with open(join, "w") as fh:
-            fh.write(str(os.getpid()))
-    store = open_clips(root)
-    faults, read = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, _io_read_bytes()
-    t0 = time.perf_counter()
-    for i in indices:
-        store.get(i)
-    elapsed = time.perf_counter() - t0
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
-    read = _io_read_bytes() - read
-    store.close()
-    n = len(indices)
-    return {"clips_s": n / elapsed, "faults": faults / n, "mb_read": read / n / 1e6, "clips": n,
-            "distinct": len(set(indices))}
 
 
 def small_cache_table(paths: dict[str, str], args: argparse.Namespace) -> None:
@@ -854,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         root, order, block, window, procs = json.loads(args.read_child)
-        print(json.dumps(read_in_order(root, order=order, block=block, window=window, join=procs)))
+        print(json.dumps(cold_read(root, order=order, block=block, window=window, join=procs)))
         return 0
     if args.videos < 1 or args.batch_size < 1 or args.seconds <= 0 or args.rounds < 1 or min(args.workers) < 0:
         p.error("--videos, --batch-size, --seconds and --rounds must be positive, --workers >= 0")

@@ -120,10 +120,10 @@ def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
 @pytest.mark.parametrize("order", ["random", "blocks"])
 def test_the_small_cache_benchmark_reads_every_clip_once_in_the_samplers_order(raw_root, order):  # noqa: F811
     """``--sections smallcache``'s reader (here without a cgroup): each clip once, from storage, in either order."""
-    from loaders.bench import read_in_order
+    from loaders.bench import cold_read
 
     n = len(open_clips(raw_root))
-    r = read_in_order(raw_root, order=order, block=4, window=2)
+    r = cold_read(raw_root, order=order, block=4, window=2)
     assert r["clips"] == r["distinct"] == n
     assert r["clips_s"] > 0 and r["mb_read"] >= 0
 
