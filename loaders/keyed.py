@@ -39,6 +39,16 @@ def mix64_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def _fold(key: tuple[int, ...]) -> int:
+    """The hash of a key: its parts (ints >= 0) folded in order through ``mix64_int(h ^ (part + GOLDEN))``."""
+    h = 0
+    for part in key:
+        if part < 0:
+            raise ValueError(f"key parts must be >= 0, got {key}")
+        h = mix64_int(h ^ ((int(part) + GOLDEN) & _M64))
+    return h
+
+
 class KeyedDraws:
     """The draws of one key: ``KeyedDraws(seed, epoch, index)``, then ``integers`` and ``uniform`` in turn.
 
@@ -52,12 +62,7 @@ class KeyedDraws:
     __slots__ = ("_h", "_j")
 
     def __init__(self, *key: int) -> None:
-        h = 0
-        for part in key:
-            if part < 0:
-                raise ValueError(f"key parts must be >= 0, got {key}")
-            h = mix64_int(h ^ ((int(part) + GOLDEN) & _M64))
-        self._h, self._j = h, 0
+        self._h, self._j = _fold(key), 0
 
     def uniform(self) -> float:
         """The next draw as a float in [0, 1)."""
@@ -73,9 +78,7 @@ class KeyedDraws:
 
 def keyed_uniform(key: tuple[int, ...], index: np.ndarray, draw: int = 0) -> np.ndarray:
     """Draw ``draw`` of ``KeyedDraws(*key, i)`` for every ``i`` in ``index``, vectorised: floats in [0, 1)."""
-    h = 0
-    for part in key:
-        h = mix64_int(h ^ ((int(part) + GOLDEN) & _M64))
+    h = _fold(key)
     idx = np.asarray(index, dtype=np.uint64)
     with np.errstate(over="ignore"):
         hi = mix64(np.uint64(h) ^ (idx + np.uint64(GOLDEN)))
