@@ -117,16 +117,18 @@ class ClipStore(Sequence):
         """
         if self._storage is None:
             planned = self._planned_order()
-            number = {(int(s), vid): v for v, (s, vid) in enumerate(zip(self.video_shard.tolist(), self.video_ids))}
             starts = self._ends - self.video_clips
+            # A shard's videos are a run of video numbers (shards in manifest order): its bounds.
+            bounds = np.searchsorted(self.video_shard, np.arange(len(self.shard_paths) + 1)).tolist()
             videos: list[int] = []
             for si in range(len(self.shard_paths)):
                 ids = self.reader(si).storage_order()
                 if ids is None:
                     ids = planned.get(self.manifest["shards"][si]["name"], [])
+                number = {self.video_ids[v]: v for v in range(bounds[si], bounds[si + 1])}
                 # Each video once (its first place), then those the order does not name, in reading order.
-                mine = dict.fromkeys(number[(si, vid)] for vid in ids if (si, vid) in number)
-                mine.update(dict.fromkeys(np.flatnonzero(self.video_shard == si).tolist()))
+                mine = dict.fromkeys(number[vid] for vid in ids if vid in number)
+                mine.update(dict.fromkeys(range(bounds[si], bounds[si + 1])))
                 videos += mine
             v = np.asarray(videos, dtype=np.int64)
             counts = self.video_clips[v]
