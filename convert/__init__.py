@@ -6,7 +6,7 @@ must not pull in PyAV, which ``convert.decode`` needs.
 
 from __future__ import annotations
 
-from .system import lazy_exports
+from .format.system import lazy_exports
 
 _LAZY = {"ClipSpec": "clips", "ConvertConfig": "plan", "FrameSpec": "decode", "VideoDecoder": "decode",
          "VideoError": "decode", "decode_all": "decode"}

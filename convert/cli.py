@@ -9,48 +9,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
-import json
 import os
-import re
 import sys
+from typing import Any
 
+from .argtypes import OneLineParser, parse_bytes, parse_short_side, parse_size
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
+from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the full usage is behind --help)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"size must be HxW (height x width, e.g. 128x171), got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def parse_short_side(text: str) -> int:
-    if not text.strip().isdigit() or not 2 <= int(text) <= 8192:
-        raise argparse.ArgumentTypeError(f"must be a whole number of pixels in 2..8192 (the shorter side of "
-                                         f"every frame; or give --size HxW), got {text!r}")
-    return int(text)
-
-
-def parse_bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a byte count like 512M or 2G, got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def add_convert_options(p: argparse.ArgumentParser) -> None:
@@ -69,10 +42,11 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                         "sets how many new shards)")
     g = p.add_argument_group("output")
     g.add_argument("--backend", default="lmdb", choices=list(BACKENDS),
-                   help="shard store: lmdb (one key per clip) or tfrecord (tf.train.Example records with DALI "
-                        "index files, read natively by DALI); default lmdb")
+                   help="shard store: " + "; ".join(f"{b.name} ({b.summary})" for b in BACKENDS.values())
+                        + "; default lmdb")
     g.add_argument("--codec", default="raw", choices=list(WRITE_CODECS),
-                   help="clip payload: raw bytes, lz4 block (lossless, DALI-inflatable) or per-frame jpeg (lossy)")
+                   help="clip payload: " + "; ".join(f"{name} ({codec.summary})" for name, codec in WRITE_CODECS.items())
+                        + "; default raw")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
                       help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
@@ -98,12 +72,7 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                         "or not; a video's record is replaced by the new attempt's")
     g.add_argument("--decode-threads", type=int, default=1,
                    help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
-    g.add_argument("--map-size", type=parse_bytes, help="initial LMDB map size per shard, e.g. 4G (default 64M; "
-                   "the map grows before each video from its probed size, and again if ever full)")
-    g.add_argument("--compact", action="store_true", help="lmdb: rewrite each finished shard without free pages")
-    g.add_argument("--part-size", type=parse_bytes, metavar="BYTES", default=None,
-                   help="tfrecord: start a new .tfrecord file (with its DALI .idx) once one reaches this size "
-                        "(default 256M)")
+    add_store_options(g)
     g.add_argument("--max-memory", type=parse_bytes, metavar="BYTES",
                    help="heap limit per shard process, e.g. 4G: a video that needs more is recorded as failed "
                         "instead of calling the OOM killer (default: no limit)")
@@ -111,6 +80,36 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    "OUT must be on storage every Dask worker sees")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def store_flags() -> dict[str, tuple[str, dataclasses.Field]]:
+    """Every backend's writing options as ``{argparse dest: (backend name, its field)}``, from their declarations."""
+    return {f"store_{name}_{f.name}": (name, f) for name, backend in BACKENDS.items()
+            for f in dataclasses.fields(backend.options)}
+
+
+def add_store_options(g: argparse._ArgumentGroup) -> None:
+    """The backends' own options (``convert.format.base.option``), each under its backend's flag."""
+    for dest, (_, f) in store_flags().items():
+        kind = f.metadata.get("parse", "value")
+        if kind == "switch":
+            g.add_argument(f.metadata["flag"], dest=dest, action="store_true", default=None, help=f.metadata["help"])
+        else:
+            g.add_argument(f.metadata["flag"], dest=dest, default=None, help=f.metadata["help"],
+                           type=parse_bytes if kind == "bytes" else int, metavar="BYTES" if kind == "bytes" else None)
+
+
+def store_options(args: argparse.Namespace, backend: str) -> Any:
+    """The chosen backend's options dataclass from the parsed flags; ValueError naming a flag of another backend."""
+    values = {}
+    for dest, (name, f) in store_flags().items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if name != backend:
+            raise ValueError(f"{f.metadata['flag']} is an option of the {name} backend; this job writes {backend}")
+        values[f.name] = value
+    return BACKENDS[backend].make_options(values)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,71 +145,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]
     if args.video_timeout <= 0:
         raise ValueError("--video-timeout must be > 0")
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
-                         map_size=args.map_size, compact=args.compact, max_memory=args.max_memory,
-                         part_bytes=args.part_size)
+                         store=store_options(args, config.backend), max_memory=args.max_memory)
     opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
                       progress=not args.no_progress and sys.stderr.isatty())
     return config, opts
-
-
-def describe_shape(manifest: dict) -> str:
-    """A clip's shape in words: fixed ``16 x 128 x 171 x 3``, or ``16 x short side 120 x 3, ...``."""
-    if manifest.get("clip_shape"):
-        return " x ".join(str(n) for n in manifest["clip_shape"])
-    return (f"{manifest['clip']['clip_len']} x short side {manifest['frame_size']['short_side']} x 3, "
-            f"the long side varies with each video's aspect")
-
-
-PROBLEM_STATUSES = ("failed", "partial", "missing", "rejected")
-
-
-def first_problems(out: str, n: int = 5) -> tuple[list[dict], int]:
-    """The first ``n`` records of report.jsonl that are not a policy outcome (short, padded), and how many there are."""
-    found: list[dict] = []
-    total = 0
-    try:
-        with open(os.path.join(out, "report.jsonl")) as fh:
-            for line in fh:
-                rec = json.loads(line)
-                if rec.get("status") in PROBLEM_STATUSES:
-                    total += 1
-                    if len(found) < n:
-                        found.append(rec)
-    except (OSError, ValueError):
-        pass  # the summary above still holds; the report's own problem shows when it is opened
-    return found, total
-
-
-def print_summary(out: str, result: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result, indent=1))
-        return
-    st = result["status_counts"]
-    tot = result["totals"]
-    short = st.get("short", 0) + st.get("padded", 0)
-    failed = st.get("failed", 0) + st.get("partial", 0)
-    if result.get("already_complete"):
-        print(f"{out}: already complete, nothing to do")
-    secs = result.get("seconds", 0.0)
-    print(f"videos: {st.get('ok', 0)} ok, {short} short ({st.get('padded', 0)} padded), "
-          f"{failed} failed ({st.get('partial', 0)} kept partly), {st.get('missing', 0)} missing, "
-          f"{st.get('rejected', 0)} rejected")
-    print(f"clips:  {tot['clips']} in {len(result['shards'])} {result['backend']} shard(s), codec {result['codec']}, "
-          f"shape {describe_shape(result)}, {tot['value_bytes'] / 2**20:.1f} MiB")
-    if secs:
-        # Only what this run converted: a rerun after a kill must not count the clips before it.
-        new = result.get("converted", {}).get("clips", tot["clips"])
-        print(f"time:   {secs:.1f} s, {new} clips converted in this run, {new / secs:.1f} clips/s")
-    report = os.path.join(out, "report.jsonl")
-    problems, total = first_problems(out)
-    if problems:
-        print(f"not converted, or only partly ({total}; all in {report}):")
-        for rec in problems:
-            print(f"  {rec['status']}: {rec['path']}: {rec['reason']}")
-        if total > len(problems):
-            print(f"  ... and {total - len(problems)} more")
-    print(f"shards: {os.path.join(out, 'shards')}  manifest: {os.path.join(out, 'manifest.json')}  "
-          f"report: {report}")
 
 
 def _mistyped_subcommand(argv: list[str]) -> str | None:

@@ -46,6 +46,18 @@ _MAX_MESSAGE = 1 << 20
 _MAIN_MODULE = "convert.shard_worker"
 
 
+def readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` has data (or its end) within ``timeout`` seconds (None: wait).
+
+    ``poll``, not ``select``: a job process may hold more than 1024 descriptors
+    (a thousand shard pipes, or a library that opened many), and ``select``
+    fails on any descriptor numbered 1024 or more.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
+
+
 # -- the caller's side ----------------------------------------------------------
 class ForkedProcess:
     """A child of the fork server, with the part of ``subprocess.Popen``'s interface the supervisor uses."""
@@ -67,8 +79,7 @@ class ForkedProcess:
     def _collect(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        ready, _, _ = select.select([self._status_fd], [], [], timeout)
-        if not ready:
+        if not readable(self._status_fd, timeout):
             return None
         data = os.read(self._status_fd, _STATUS.size)
         if len(data) == _STATUS.size:
@@ -161,10 +172,6 @@ def _forget_after_fork() -> None:
     _server = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
 def stop() -> None:
     """Close the server's socket; wait for it to end (at once) unless shard processes of ours still run.
 
@@ -188,7 +195,18 @@ def stop() -> None:
         server.proc.wait()
 
 
-atexit.register(stop)
+_hooks_installed = False
+
+
+def _install_hooks() -> None:
+    """When the first server starts (never at import): stop it at exit, and forget it in forked children."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(stop)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def available() -> bool:
@@ -221,6 +239,7 @@ def _get(env: dict[str, str]) -> _Server | None:
             _server.close()
             _server = None
         if _server is None:
+            _install_hooks()
             try:
                 _server = _Server(env)
             except OSError as exc:

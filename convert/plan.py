@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 from .clips import ClipSpec
 from .decode import FrameSpec
-from .format import BACKENDS, FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, WRITE_CODECS, get_codec, shard_name
+from .format import BACKENDS, FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, WRITE_CODECS, DataSpec, get_codec, shard_name
+from .format.manifest import ClipSettings, FrameSize
 from .sources import Problem, Source, VideoItem
 
 DAMAGE_POLICIES = ("keep", "skip")
@@ -60,20 +61,16 @@ class ConvertConfig:
         return ClipSpec(clip_len=self.clip_len, stride=self.stride, step=self.step,
                         max_clips=self.max_clips, short=self.short)
 
-    def data_spec(self, classes: list[str]) -> dict:
+    def data_spec(self, classes: list[str]) -> DataSpec:
         """What defines the stored data: the manifest's fields that every shard stores too (FORMAT.md)."""
-        return {
-            "backend": self.backend,
-            "codec": self.codec,
-            "codec_id": get_codec(self.codec).id,
-            "classes": list(classes),
-            "clip_shape": [self.clip_len, *self.size, 3] if self.size else None,
-            "frame_size": {"size": list(self.size) if self.size else None, "short_side": self.short_side},
-            "fps": self.fps,
-            "clip": {"clip_len": self.clip_len, "stride": self.stride, "step": self.clip_spec().start_step,
-                     "max_clips": self.max_clips, "short": self.short},
-            "on_damage": self.on_damage,
-        }
+        return DataSpec(
+            backend=self.backend, codec=self.codec, codec_id=get_codec(self.codec).id, classes=tuple(classes),
+            clip_shape=(self.clip_len, *self.size, 3) if self.size else None,  # type: ignore[arg-type]
+            frame_size=FrameSize(size=tuple(self.size) if self.size else None, short_side=self.short_side),  # type: ignore[arg-type]
+            fps=self.fps,
+            clip=ClipSettings(clip_len=self.clip_len, stride=self.stride, step=self.clip_spec().start_step,
+                              max_clips=self.max_clips, short=self.short),
+            on_damage=self.on_damage)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -176,15 +173,6 @@ def add_shards(plan: Plan, source: Source, n_shards: int) -> list[VideoItem]:
                      + [p for p in source.problems if p.id not in known and p.id not in planned])
     plan.added.append({"first_shard": first, "shards": len(plan.shards) - first, "videos": len(items)})
     return items
-
-
-def write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def load_plan(out: str) -> Plan | None:

@@ -9,22 +9,22 @@ video was in flight.
 
 from __future__ import annotations
 
-import errno
+import importlib
 import json
 import logging
 import os
 import resource
-import signal
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
+from .format import DAMAGED_DIR, MANIFEST, ShardDamaged, ShardWriter, StoreError, VideoRecord, get_backend, shard_meta
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
-from .format import (BACKENDS, DAMAGED_DIR, MANIFEST, ShardDamaged, ShardWriter, StoreError, StoreFullError, VideoRecord,
-                     WriterOptions, shard_meta)
 
 log = logging.getLogger("convert.shard")
 MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame
@@ -47,9 +47,8 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
                 return (yield from failed_producer(item, str(exc))())
         cutter = ClipCutter(clip_spec)
         try:
-            _inject_fault(item)
             with dec:
-                for frame in dec:
+                for frame in frames_of(item, dec):
                     clip = cutter.push(frame)
                     if clip is not None:
                         yield clip.index, clip.start_frame, clip.frames
@@ -79,38 +78,16 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
     return produce
 
 
+def frames_of(item: VideoItem, dec: VideoDecoder) -> Iterator[np.ndarray]:
+    """The decoded frames of ``item``: the decode step, where the test suite's hook injects its faults."""
+    return iter(dec)
+
+
 def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
     probe = dec.probe()
     h, w = config.frame_spec().out_size(probe.width, probe.height)
     clips = max(1, config.clip_spec().count(probe.frames_estimate))
     return clips * (config.clip_len * h * w * 3 + VALUE_OVERHEAD)
-
-
-def _inject_fault(item: VideoItem) -> None:
-    """Test hook: CONVERT_TEST_FAULT="crash:ID", "hang:ID", "alloc:ID", "enospc:ID" or "crash_once:ID:MARKER_FILE".
-
-    Lets the test suite prove that a decoder crash or hang costs one video and
-    nothing else, without shipping a file that really crashes FFmpeg.
-    """
-    spec = os.environ.get("CONVERT_TEST_FAULT")
-    if not spec:
-        return
-    kind, _, rest = spec.partition(":")
-    vid, _, marker = rest.partition(":")
-    if vid != item.id:
-        return
-    if kind == "crash" or (kind == "crash_once" and not os.path.exists(marker)):
-        if marker:
-            open(marker, "w").close()
-        os.kill(os.getpid(), signal.SIGSEGV)
-    if kind == "hang":
-        time.sleep(3600)
-    if kind == "alloc":
-        import numpy as np
-
-        np.ones(1 << 40, dtype=np.uint8)  # 1 TiB: fails under any --max-memory
-    if kind == "enospc":  # the store fills up in the middle of this video's clips
-        raise StoreFullError(errno.ENOSPC, f"no space left for the shard (simulated while writing {item.id})")
 
 
 def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> VideoRecord:
@@ -131,14 +108,17 @@ def failed_producer(item: VideoItem, reason: str) -> Callable:
     return produce
 
 
-def open_writer(out: str, plan: Plan, index: int, options: WriterOptions = WriterOptions()) -> ShardWriter:
-    """The writer of shard ``index``, which stores the plan's data spec and its place among the shards."""
+def open_writer(out: str, plan: Plan, index: int, options: Any = None) -> ShardWriter:
+    """The writer of shard ``index``, which stores the plan's data spec and its place among the shards.
+
+    ``options``: the backend's options dataclass (None: its defaults).
+    """
     meta = shard_meta(plan.config.data_spec(plan.classes), index=index, count=len(plan.shards))
-    return BACKENDS[plan.config.backend].writer(path=plan.shard_path(out, index), codec=plan.config.codec,
-                                                meta=meta, options=options)
+    return get_backend(plan.config.backend).writer(path=plan.shard_path(out, index), codec=plan.config.codec,
+                                                   meta=meta, options=options)
 
 
-def open_or_set_aside(out: str, plan: Plan, index: int, options: WriterOptions) -> tuple[ShardWriter, str | None]:
+def open_or_set_aside(out: str, plan: Plan, index: int, options: Any) -> tuple[ShardWriter, str | None]:
     """The shard's writer; an unfinished shard that cannot be opened is moved aside first (and a note says so).
 
     Its videos are then converted again into a fresh shard: nothing else is
@@ -157,6 +137,24 @@ def open_or_set_aside(out: str, plan: Plan, index: int, options: WriterOptions) 
         return open_writer(out, plan, index, options), f"{exc}; moved aside to {aside} and converted again"
 
 
+HOOK_ENV = "CONVERT_SHARD_HOOK"
+
+
+def install_hook() -> None:
+    """Call the ``module:function`` that ``$CONVERT_SHARD_HOOK`` names, once, as the shard process starts.
+
+    How the test suite puts its fault injection (a decoder that crashes,
+    hangs or fills the disk on a chosen video) into real shard processes,
+    without shipping a video that really crashes FFmpeg and without a lookup
+    on every video.
+    """
+    spec = os.environ.get(HOOK_ENV)
+    if not spec:
+        return
+    module, _, name = spec.partition(":")
+    getattr(importlib.import_module(module), name)()
+
+
 def main(argv: list[str]) -> int:
     out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s shard %(process)d %(message)s")
@@ -169,10 +167,10 @@ def main(argv: list[str]) -> int:
         # instead of waking the machine's OOM killer.
         limit = int(opts["max_memory"])
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    install_hook()
     plan = load_plan(out)
     items = plan.shards[index]
-    options = WriterOptions(map_size=opts.get("map_size"), compact=opts.get("compact", False),
-                            **({"part_bytes": opts["part_bytes"]} if opts.get("part_bytes") else {}))
+    options = get_backend(plan.config.backend).make_options(opts.get("store"))
     try:
         writer, note = open_or_set_aside(out, plan, index, options)
     except StoreError as exc:
@@ -206,11 +204,11 @@ def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, o
             # plain rerun converts it; a decoder crash is handled as for any video.
             writer.forget_video(item.id)
         rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
-        proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+        proto.write(json.dumps({"index": cmd["index"], **rec.to_dict()}) + "\n")
     elif cmd["op"] == "fail":
         item = items[cmd["index"]]
         rec = writer.write_video(item.id, item.label, failed_producer(item, cmd["reason"]), 0)
-        proto.write(json.dumps({"index": cmd["index"], **rec.__dict__}) + "\n")
+        proto.write(json.dumps({"index": cmd["index"], **rec.to_dict()}) + "\n")
     elif cmd["op"] == "finish":
         summary = writer.finish()
         proto.write(json.dumps({"finished": True, **summary}) + "\n")

@@ -8,16 +8,16 @@ goes on with the next video.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import forkserver
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
@@ -29,14 +29,16 @@ _PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclass(frozen=True)
 class ShardOptions:
-    """Per-run knobs that do not change the stored bytes."""
+    """Per-run knobs that do not change the stored bytes.
+
+    ``store``: the backend's own writing options (its options dataclass,
+    e.g. ``LmdbOptions(map_size=...)``), None for its defaults.
+    """
 
     video_timeout: float = 300.0
     retries: int = 1
     threads: int = 1
-    map_size: int | None = None
-    compact: bool = False
-    part_bytes: int | None = None  # tfrecord: file size at which a shard starts a new file
+    store: Any = None
     max_memory: int | None = None  # bytes of heap per shard process (RLIMIT_DATA)
 
 
@@ -125,8 +127,7 @@ class _Child:
         log = open(self.log_path, "ab")
         self._log_start = log.tell()  # this process's part of the log starts here
         env = shard_env()
-        args = {"threads": opts.threads, "map_size": opts.map_size, "compact": opts.compact,
-                "part_bytes": opts.part_bytes,
+        args = {"threads": opts.threads, "store": dataclasses.asdict(opts.store) if opts.store is not None else None,
                 "max_memory": opts.max_memory}
         argv = [out, str(index), json.dumps(args)]
         # Forked from a server that has imported everything already: a few ms
@@ -150,8 +151,7 @@ class _Child:
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buf:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([fd], [], [], wait)
-            if not ready:
+            if not forkserver.readable(fd, wait):
                 raise TimeoutError
             chunk = os.read(fd, 1 << 16)
             if not chunk:

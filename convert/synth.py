@@ -124,7 +124,7 @@ def synthetic_conversions(root: str, configs: Mapping[str, "ConvertConfig"], *, 
     is called after each conversion this call runs (``run_job``'s result).
     """
     from .job import JobOptions, run_job
-    from .system import cpu_count
+    from .format.system import cpu_count
 
     src = os.path.join(root, videos)
     make_dataset(src, per_class=per_class, seconds=seconds, seed=seed, workers=workers or cpu_count())

@@ -7,26 +7,29 @@ import sys
 
 import numpy as np
 
+from .argtypes import OneLineParser
+from .format import FormatError, Manifest, open_clips, read_manifest
+from .format.verify import verify
+from .summary import describe_shape, print_summary
+
 
 def inspect_summary(out: str) -> dict:
     """Classes, clips per class and per video, bytes per clip and the codec's ratio."""
-    from loaders import open_clips
-
     store = open_clips(out)
     m = store.manifest
     per_class = np.bincount(store.labels(), minlength=len(store.classes)) if len(store) else np.zeros(0, int)
     n = max(len(store), 1)
     if len(store):
         sample = store[0].clip
-        raw_per_clip = sample.nbytes if m["clip_shape"] else None
+        raw_per_clip = sample.nbytes if m.data.clip_shape else None
     else:
         raw_per_clip = None
-    stored_per_clip = m["totals"]["value_bytes"] / n
+    stored_per_clip = m.totals.value_bytes / n
     cpv = store.video_clips
     return {
         "root": out,
-        "codec": m["codec"],
-        "clip_shape": m["clip_shape"],
+        "codec": m.data.codec,
+        "clip_shape": list(m.data.clip_shape) if m.data.clip_shape else None,
         "clips": len(store),
         "videos_with_clips": len(store.video_ids),
         "classes": {c: int(k) for c, k in zip(store.classes, per_class)},
@@ -34,15 +37,13 @@ def inspect_summary(out: str) -> dict:
                             "max": int(cpv.max()) if cpv.size else 0},
         "bytes_per_clip": stored_per_clip,
         "codec_ratio": (raw_per_clip / stored_per_clip) if raw_per_clip else None,
-        "status_counts": m["status_counts"],
+        "status_counts": m.status_counts,
     }
 
 
 def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: int = 0) -> str:
     """A PNG with ``rows`` sample clips (one per class first), ``frames`` frames each, captioned."""
     from PIL import Image, ImageDraw
-
-    from loaders import open_clips
 
     store = open_clips(out)
     if not len(store):
@@ -75,10 +76,8 @@ def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: 
 
 def demo(out: str, *, per_class: int, seconds: float, workers: int, codec: str) -> int:
     """Synthesise the embedded dataset, convert it, and say what was written."""
-    from .cli import print_summary
     from .plan import ConvertConfig
     from .synth import synthetic_conversions
-    from .verify import verify
 
     results = {}
     for split, count, seed in (("train", per_class, 0), ("val", max(2, per_class // 4), 1)):
@@ -104,10 +103,8 @@ EXIT_CODES = ("Exit status: 0 sound; 1 OUT is a conversion but reading it failed
               "messages name the shard); 2 bad arguments, or OUT missing or not a finished conversion.")
 
 
-def _usable_out(cmd: str, out: str) -> dict | None:
+def _usable_out(cmd: str, out: str) -> Manifest | None:
     """OUT's manifest, or None after saying in one line why OUT is no finished conversion."""
-    from .format import FormatError, read_manifest
-
     if not os.path.isdir(out):
         what = "is not a folder" if os.path.exists(out) else "does not exist"
         print(f"{cmd}: error: {out}: {what}; give the OUT folder of a conversion", file=sys.stderr)
@@ -121,15 +118,11 @@ def _usable_out(cmd: str, out: str) -> dict | None:
 
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
-    from .cli import OneLineParser, describe_shape
-
     p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
     if cmd == "verify":
         p.description = "Reopen every shard, check counts and checksums against the manifest, decode every value."
         p.add_argument("out", metavar="OUT")
         args = p.parse_args(rest)
-        from .verify import verify
-
         if _usable_out("verify", args.out) is None:
             return 2
         problems, counts = verify(args.out)
@@ -159,7 +152,9 @@ def main(argv: list[str]) -> int:
         except (ValueError, OSError) as exc:  # FormatError is a ValueError
             print(f"inspect: error: {exc} (python -m convert verify {args.out} checks every shard)", file=sys.stderr)
             return 1
-        print(f"{s['root']}: {s['clips']} clips of shape {describe_shape(manifest)} from {s['videos_with_clips']} "
+        data = manifest.data
+        shape = describe_shape(data.clip_shape, data.clip.clip_len, data.frame_size.short_side)
+        print(f"{s['root']}: {s['clips']} clips of shape {shape} from {s['videos_with_clips']} "
               f"videos, codec {s['codec']}")
         ratio = f", {s['codec_ratio']:.2f}x smaller than raw" if s["codec_ratio"] else ""
         print(f"bytes per clip: {s['bytes_per_clip']:.0f}{ratio}")

@@ -1,26 +1,30 @@
 """Readers of converted clip shards, and the training-side pieces around them.
 
-``open_clips`` is the plain reader; ``ClipDataset`` (``LmdbClipDataset``) +
-``DistributedClipSampler`` + ``build_loader`` feed training; ``ClipPreset`` /
-``to_model_input`` define what the model sees; ``OnTheFlyVideoDataset`` is the
-decode-per-item baseline.
+``open_clips`` is the plain reader (the format layer's, ``convert.format``);
+``ClipDataset`` + ``DistributedClipSampler`` + ``build_loader`` feed
+training (reader threads or DataLoader workers); ``ClipPreset`` /
+``to_model_input`` define what the model sees; ``loaders.dali`` holds the
+NVIDIA DALI pipelines.
 
 Names are imported on first use, so ``from loaders import open_clips`` pulls
 in neither torch nor PyAV (a shard reader needs numpy and the backend's
-library only).
+library only). ``loaders`` imports nothing of ``convert`` but its format
+layer, ``convert.format``.
 """
 
 from __future__ import annotations
 
-from convert.system import lazy_exports
+from convert.format.system import lazy_exports
 
 _LAZY = {
     "ClipBatch": "dataset", "ClipDataset": "dataset", "LmdbClipDataset": "dataset", "collate": "dataset",
-    "ClipSample": "clipstore", "ClipStore": "clipstore", "DatasetError": "clipstore", "open_clips": "clipstore",
-    "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory", "OnTheFlyVideoDataset": "onthefly",
+    "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory",
     "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
-    "DistributedClipSampler": "sampler",
+    "DistributedClipSampler": "sampler", "VideoEpochSampler": "sampler",
+    # The plain reader and the error type live in the format layer, below both sides.
+    "ClipSample": "convert.format.store", "ClipStore": "convert.format.store", "open_clips": "convert.format.store",
+    "FormatError": "convert.format.errors",
 }
 
 __all__ = sorted(_LAZY)

@@ -38,13 +38,17 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
               index: int, *, num_classes: int, verify: bool = False) -> None:
     """Decode one stored clip and write its crop for (epoch, index) into ``out``.
 
-    ``verify`` checks the payload's CRC-32; codecs whose ``crc_on_crop`` is
-    set (raw) are checked always. Data problems raise ``FormatError`` without a location; the caller
-    (``ClipStore.visit``) adds the shard and clip.
+    ``verify`` checks the payload's CRC-32; a payload read in place (raw) is
+    checked always. Data problems raise ``FormatError`` without a location;
+    the caller (``ClipStore.visit``) adds the shard and clip.
     """
     codec = codec_for_id(header.codec_id)
+    # A payload read in place is cut straight from the shard's map, the flipped crop channel by channel,
+    # backwards: from memory, that order is slow. Streaming the payload through its CRC-32 first (a fast,
+    # vectorised pass) leaves it in the CPU's caches for the crop, which then runs faster by more than the
+    # check costs (docs/benchmarks.md): the check a user would have to ask for comes for less than free.
     params = checked_params(header, payload, preset, epoch, index, num_classes=num_classes,
-                            verify=verify or codec.crc_on_crop)
+                            verify=verify or codec.payload.in_place)
     if params.t is None or out.shape[0] != params.t:
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
     frames = codec.window(payload, header.shape, params.t0, params.t)

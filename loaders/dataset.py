@@ -1,6 +1,6 @@
 """``ClipDataset``: the training/eval Dataset over a conversion's shards (any backend).
 
-``LmdbClipDataset`` is the same class under its first name.
+``LmdbClipDataset`` is the same class under its first name (deprecated).
 
 Items come back uint8 and already cropped by the preset; normalisation waits
 for the device (``to_model_input``). Shards are opened lazily in whichever
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import operator
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,7 +30,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from .clipstore import ClipStore, DatasetError, open_clips
+from convert.format import ClipStore, open_clips
+
 from .cropread import crop_into
 from .presets import ClipPreset
 
@@ -108,10 +110,10 @@ class ClipDataset(Dataset):
         self.epoch = 0
         # Rows: this process, then DataLoader workers (by id, wrapping after 64).
         self._work = torch.zeros((65, 2), dtype=torch.float64).share_memory_()
-        stored = self.store.manifest["clip"]["clip_len"]
+        stored = self.store.manifest.data.clip.clip_len
         if preset.clip_len is not None and preset.clip_len > stored:
             raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
-        shape = self.store.manifest.get("clip_shape")
+        shape = self.store.manifest.data.clip_shape
         if shape:
             preset.params(0, 0, shape)  # a crop that cannot fit fails here, not in a worker
         self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
@@ -142,8 +144,8 @@ class ClipDataset(Dataset):
         return self.store.video_ids
 
     def verify(self) -> dict:
-        """Check every value's CRC and every shard's SHA-256 against the manifest; DatasetError if not."""
-        from .verify import verify_store
+        """Check every value's CRC and every shard's SHA-256 against the manifest; FormatError if not."""
+        from convert.format.verify import verify_store
 
         return verify_store(self.store)
 
@@ -228,7 +230,12 @@ class ClipDataset(Dataset):
                 f"out {self.clip_shape}, {self.preset})")
 
 
-# The first name, from when LMDB was the only backend.
-LmdbClipDataset = ClipDataset
+def __getattr__(name: str) -> Any:
+    # ``LmdbClipDataset``: the first name, from when LMDB was the only backend; deprecated, kept for one release.
+    if name == "LmdbClipDataset":
+        warnings.warn("LmdbClipDataset is deprecated: it is ClipDataset (any backend) under its old name",
+                      DeprecationWarning, stacklevel=2)
+        return ClipDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["ClipBatch", "ClipDataset", "DatasetError", "LmdbClipDataset", "collate"]
+__all__ = ["ClipBatch", "ClipDataset", "LmdbClipDataset", "collate"]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from convert.system import cpu_count
+from convert.format.system import cpu_count
 
 from .dataset import collate
 from .sampler import DistributedClipSampler

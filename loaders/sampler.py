@@ -1,10 +1,17 @@
 """``DistributedClipSampler``: per-rank, per-epoch order that can resume mid-epoch.
 
-An epoch's global order is a function of (seed, epoch) only: a permutation
-(or, with ``balanced``, class-balanced draws), padded by wrapping to a
-multiple of the rank count (or cut, with ``drop_last``), then dealt out
-round-robin as torch's DistributedSampler does. Each rank therefore sees a
-disjoint, equal share, and a restarted job reproduces the order exactly.
+An epoch's global order is a function of (seed, epoch) only: a permutation,
+padded by wrapping to a multiple of the rank count (or cut, with
+``drop_last``), then dealt out round-robin as torch's DistributedSampler
+does. Each rank therefore sees a disjoint, equal share, and a restarted job
+reproduces the order exactly.
+
+The permutation is drawn with the project's keyed generator
+(``loaders.keyed``, defined bit for bit), not numpy's ``default_rng``, whose
+stream numpy does not promise across versions: the order a checkpoint resumes
+into then depends on nothing installed. The scheme is part of the sampler's
+state (``state_dict()["scheme"]``): a checkpoint written before the keyed
+scheme (no ``scheme``) resumes with the numpy draws it was made with.
 
 ``order="blocks"`` is the order for shards larger than memory (FFCV's
 quasi-random order, WebDataset's shard-then-buffer shuffle): the epoch's clips,
@@ -27,7 +34,52 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .keyed import GOLDEN, mix64
+from .keyed import GOLDEN, keyed_uniform, mix64
+
+# How an epoch's order is drawn: 1, numpy's default_rng((seed, epoch)) (states without a "scheme"); 2, keyed.
+SCHEMES = (1, 2)
+SCHEME = 2
+
+
+class _NumpyDraws:
+    """Scheme 1: the draws of ``np.random.default_rng(key)``, as samplers made them before scheme 2."""
+
+    def __init__(self, *key: int) -> None:
+        self._rng = np.random.default_rng(key)
+
+    def random(self, n: int) -> np.ndarray:
+        return self._rng.random(n)
+
+    def permutation(self, n: int) -> np.ndarray:
+        return self._rng.permutation(n)
+
+    def integers(self, high: int, n: int) -> np.ndarray:
+        return self._rng.integers(0, high, n)
+
+
+class _KeyedDraws:
+    """Scheme 2: the i-th value of the j-th draw is ``keyed_uniform((*key, j), i)``: a function of the key alone."""
+
+    def __init__(self, *key: int) -> None:
+        self._key, self._draws = key, 0
+
+    def random(self, n: int) -> np.ndarray:
+        self._draws += 1
+        return keyed_uniform((*self._key, self._draws - 1), np.arange(n, dtype=np.uint64))
+
+    def permutation(self, n: int) -> np.ndarray:
+        # Ties (two equal 53-bit keys) keep index order: still a function of the key.
+        return np.argsort(self.random(n), kind="stable")
+
+    def integers(self, high: int, n: int) -> np.ndarray:
+        return np.minimum((self.random(n) * high).astype(np.int64), high - 1)
+
+
+def draws(scheme: int, *key: int) -> _NumpyDraws | _KeyedDraws:
+    """The generator of ``scheme`` (``SCHEMES``) for ``key``."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"sampler scheme must be one of {SCHEMES}, got {scheme!r}")
+    return _KeyedDraws(*key) if scheme == 2 else _NumpyDraws(*key)
 
 
 def _world() -> tuple[int, int]:
@@ -40,8 +92,8 @@ def _world() -> tuple[int, int]:
 ORDERS = ("random", "blocks")
 
 
-def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: np.random.Generator, *, block: int,
-                   window: int) -> np.ndarray:
+def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: _NumpyDraws | _KeyedDraws, *,
+                   block: int, window: int) -> np.ndarray:
     """``candidates`` (clip indices, repeats allowed) in block-shuffled order.
 
     ``storage_rank[i]`` is clip ``i``'s place in the shards' storage order.
@@ -131,14 +183,10 @@ class EpochPosition:
 class DistributedClipSampler(Sampler, EpochPosition):
     """Indices for one rank: shuffled per epoch from (seed, epoch), resumable at a position.
 
-    ``n_or_labels``: the dataset size, or the label of every item (needed for
-    ``balanced``). ``num_replicas``/``rank`` default to torch.distributed's
-    when it is initialised, else 1/0. Yields ``(epoch, index)`` tuples when
-    ``with_epoch`` (so persistent workers know the epoch), else ints.
-
-    ``balanced``: each epoch draws ``epoch_size`` (default: the dataset size)
-    indices with replacement, each with probability inversely proportional to
-    its class's frequency, so every class is drawn about equally often.
+    ``n``: the dataset size. ``num_replicas``/``rank`` default to
+    torch.distributed's when it is initialised, else 1/0. Yields ``(epoch,
+    index)`` tuples when ``with_epoch`` (so persistent workers know the
+    epoch), else ints.
 
     Resuming: ``set_position(p)`` (or ``load_state_dict``) makes iteration
     of the current epoch start at this rank's p-th sample. The position lasts
@@ -153,20 +201,16 @@ class DistributedClipSampler(Sampler, EpochPosition):
     is then the clip indices in the order they lie in the shards
     (``ClipStore.storage_order()``), ``block`` the neighbours read together and
     ``window`` the blocks shuffled together (``window * block`` clips should
-    fit in the node's page cache). It applies to ``balanced`` draws too.
+    fit in the node's page cache).
     """
 
-    def __init__(self, n_or_labels: int | Sequence[int] | np.ndarray, *, num_replicas: int | None = None,
-                 rank: int | None = None, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 balanced: bool = False, with_epoch: bool = True, epoch_size: int | None = None,
-                 order: str = "random", storage_order: Sequence[int] | np.ndarray | None = None, block: int = 64,
+    def __init__(self, n: int, *, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, with_epoch: bool = True, order: str = "random",
+                 storage_order: Sequence[int] | np.ndarray | None = None, block: int = 64,
                  window: int = 16) -> None:
-        if isinstance(n_or_labels, (int, np.integer)):
-            self.n = int(n_or_labels)
-            self.labels: np.ndarray | None = None
-        else:
-            self.labels = np.asarray(n_or_labels, dtype=np.int64).reshape(-1)
-            self.n = int(self.labels.size)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise ValueError(f"n must be the dataset size (an int), got {type(n).__name__}")
+        self.n = int(n)
         if self.n < 0:
             raise ValueError(f"dataset size must be >= 0, got {self.n}")
         world, world_rank = _world()
@@ -178,19 +222,14 @@ class DistributedClipSampler(Sampler, EpochPosition):
             raise ValueError(f"rank must be in 0..{self.num_replicas - 1}, got {self.rank}")
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-        if balanced and self.labels is None:
-            raise ValueError("balanced=True needs the labels (pass dataset.labels(), not a count)")
-        if balanced and self.labels is not None and self.n and self.labels.min() < 0:
-            raise ValueError(f"labels must be >= 0 for balanced sampling, got {int(self.labels.min())}")
-        if epoch_size is not None and (not balanced or epoch_size < 1):
-            raise ValueError("epoch_size applies to balanced=True only and must be >= 1")
         self._storage_rank = _check_order(order, storage_order, self.n, block, window, bool(shuffle))
         self.order, self.block, self.window = order, int(block), int(window)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
-        self.balanced, self.with_epoch = bool(balanced), bool(with_epoch)
+        self.with_epoch = bool(with_epoch)
         self.epoch = 0
         self.position = 0
-        self._set_epoch_size(int(epoch_size) if epoch_size is not None else self.n)
+        self.scheme = SCHEME
+        self._set_epoch_size(self.n)
 
     def _set_epoch_size(self, size: int) -> None:
         """Samples per epoch over all ranks, and this rank's share after padding or ``drop_last``."""
@@ -214,17 +253,23 @@ class DistributedClipSampler(Sampler, EpochPosition):
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         """The epoch's ``epoch_size`` indices in order, before padding and dealing out to ranks."""
-        rng = np.random.default_rng((self.seed, epoch))
-        if self.balanced:
-            counts = np.bincount(self.labels)
-            weight = 1.0 / counts[self.labels]
-            drawn = rng.choice(self.n, size=self.epoch_size, replace=True, p=weight / weight.sum())
-            return drawn if self._storage_rank is None else self._shuffled(drawn, rng)
         if self.shuffle:
-            return self._shuffled(np.arange(self.n), rng)  # random order: rng.permutation(n), as before
+            return self._shuffled(np.arange(self.n), draws(self.scheme, self.seed, epoch))
         return np.arange(self.n)
 
-    def _shuffled(self, candidates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """``{"epoch", "position", "scheme"}``; ``consumed``: samples this rank has used this epoch."""
+        return {**super().state_dict(consumed), "scheme": self.scheme}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``; a state without ``scheme`` (written before it) draws as it was drawn then."""
+        scheme = state.get("scheme", 1)
+        if scheme not in SCHEMES:
+            raise ValueError(f"sampler state has scheme {scheme!r}; this sampler draws with {SCHEMES}")
+        super().load_state_dict(state)
+        self.scheme = scheme
+
+    def _shuffled(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
         """``candidates`` in this sampler's shuffled order (``order``: random or block-shuffled)."""
         if self._storage_rank is None:
             return candidates[rng.permutation(candidates.size)]
@@ -247,7 +292,7 @@ class DistributedClipSampler(Sampler, EpochPosition):
     def __repr__(self) -> str:
         blocks = f", order=blocks of {self.block} x {self.window}" if self.order == "blocks" else ""
         return (f"DistributedClipSampler(n={self.n}, rank {self.rank}/{self.num_replicas}, "
-                f"shuffle={self.shuffle}, balanced={self.balanced}{blocks}, seed={self.seed}, epoch={self.epoch}, "
+                f"shuffle={self.shuffle}{blocks}, seed={self.seed}, epoch={self.epoch}, "
                 f"position={self.position})")
 
 
@@ -259,7 +304,7 @@ class VideoEpochSampler(DistributedClipSampler):
 
     The usual Kinetics regime (one random clip per video per epoch) over clips
     converted once: ``video_index[i]`` is the video number of clip ``i`` (as
-    ``LmdbClipDataset.video_index()`` gives). For each video the epoch takes
+    ``ClipDataset.video_index()`` gives). For each video the epoch takes
     ``k`` distinct clips at random (all of them, then random repeats, when the
     video has fewer than ``k``), chosen by a generator keyed by (seed, epoch,
     video), so a video's choice depends on nothing else: not on other videos,
@@ -318,14 +363,13 @@ class VideoEpochSampler(DistributedClipSampler):
         out[video[take].astype(np.int64), within[take]] = order[take]
         for v in np.flatnonzero(self.video_count < k).tolist():  # fewer clips than k: all, then random repeats
             count, start = int(self.video_count[v]), int(self.video_start[v])
-            rng = np.random.default_rng((self.seed, epoch, v))
-            out[v, count:] = start + rng.integers(0, count, k - count)
+            out[v, count:] = start + draws(self.scheme, self.seed, epoch, v).integers(count, k - count)
         return out
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         order = self.chosen(epoch).reshape(-1)
         if self.shuffle:
-            order = self._shuffled(order, np.random.default_rng((self.seed, epoch)))
+            order = self._shuffled(order, draws(self.scheme, self.seed, epoch))
         return order
 
     def __repr__(self) -> str:
@@ -333,4 +377,4 @@ class VideoEpochSampler(DistributedClipSampler):
                 f"{self.num_replicas}, seed={self.seed}, epoch={self.epoch}, position={self.position})")
 
 
-__all__ = ["ORDERS", "DistributedClipSampler", "VideoEpochSampler", "block_shuffled"]
+__all__ = ["ORDERS", "SCHEME", "SCHEMES", "DistributedClipSampler", "VideoEpochSampler", "block_shuffled", "draws"]

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from convert.plan import ConvertConfig  # noqa: E402
 from convert.synth import synthetic_conversions  # noqa: E402
-from convert.system import cpu_count  # noqa: E402
+from convert.format.system import cpu_count  # noqa: E402
 from train import TrainError  # noqa: E402
 from train.main import run_argv  # noqa: E402
 

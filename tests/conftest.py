@@ -12,6 +12,18 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 SHARED_VIDEOS = os.path.normpath(os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+# Every shard process of the suite installs the fault hook (a no-op unless a test sets CONVERT_TEST_FAULT).
+os.environ.setdefault("CONVERT_SHARD_HOOK", "tests.faults:install")
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module (scripts are run as files, not installed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def shared_video(name: str) -> str:

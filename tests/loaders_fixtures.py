@@ -85,3 +85,15 @@ def rewrite_value(shard: str, key: bytes, change) -> None:
             txn.put(key, change(bytes(old)))
     finally:
         env.close()
+
+
+def payloads(store, indices) -> list:
+    """Headers and copies of the payloads of clips ``indices`` of ``store`` (through ``ClipStore.visit``)."""
+    indices = list(indices)
+    out: list = [None] * len(indices)
+
+    def keep(pos: int, header, payload: memoryview) -> None:
+        out[pos] = (header, bytes(payload))
+
+    store.visit(indices, keep)
+    return out

@@ -1,4 +1,4 @@
-"""``python -m convert.bench``: its rows measure the same frames, and the whole command runs to its tables."""
+"""``python -m benchmarks.conversion``: its rows measure the same frames, and the whole command runs to its tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from convert import bench
+import benchmarks.conversion as bench
 
 from .conftest import SHARED_VIDEOS as SHARED
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from convert.cli import first_problems, print_summary
+from convert.summary import first_problems, print_summary
 
 from .convert_helpers import run_cli
 

@@ -25,7 +25,7 @@ import pytest
 
 from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
-from convert.format import open_shard
+from convert.format import get_backend
 
 from .test_convert_job import real_tree  # noqa: F401 - the fixture of symlinked shared videos
 
@@ -138,7 +138,7 @@ def conversion_digest(tree: str, out: str, config: ConvertConfig) -> dict:
     shards = {s["name"]: [s["sha256"], s["value_bytes"], s["clips"]] for s in manifest["shards"]}
     records = {}
     for s in manifest["shards"]:
-        reader = open_shard(config.backend, os.path.join(out, s["path"]))
+        reader = get_backend(config.backend).reader(os.path.join(out, s["path"]))
         try:
             for r in reader.records():
                 records[r.video_id] = [r.status, r.clips, r.frames, hashlib.sha256(r.reason.encode()).hexdigest()[:12]]

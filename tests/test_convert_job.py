@@ -14,7 +14,8 @@ from convert.decode import FrameSpec, decode_all
 from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
 from convert.supervise import ShardOptions
-from convert.verify import verify
+from convert.format.lmdb import LmdbOptions
+from convert.format.verify import verify
 from loaders import open_clips
 
 from .conftest import SHARED_VIDEOS
@@ -133,7 +134,7 @@ def test_clip_options_stride_step_max_clips_short_side_fps(real_tree, tmp_path):
 
 
 def test_tiny_initial_map_size_still_converts_everything(real_tree, tmp_path):
-    opts = _opts(shards=1, shard=ShardOptions(map_size=64 << 10))
+    opts = _opts(shards=1, shard=ShardOptions(store=LmdbOptions(map_size=64 << 10)))
     result = run_job(real_tree, str(tmp_path / "tiny"), ConvertConfig(), opts)
     assert result["totals"]["clips"] == sum(n for _, n in EXPECTED.values())
     assert verify(str(tmp_path / "tiny"))[0] == []
@@ -142,7 +143,7 @@ def test_tiny_initial_map_size_still_converts_everything(real_tree, tmp_path):
 
 
 def test_compact_shrinks_to_the_data(real_tree, tmp_path):
-    opts = _opts(shards=1, shard=ShardOptions(map_size=1 << 30, compact=True))
+    opts = _opts(shards=1, shard=ShardOptions(store=LmdbOptions(map_size=1 << 30, compact=True)))
     result = run_job(real_tree, str(tmp_path / "c"), ConvertConfig(codec="lz4"), opts)
     size = os.path.getsize(tmp_path / "c" / "shards" / "shard-00000" / "data.mdb")
     assert result["totals"]["value_bytes"] <= size < result["totals"]["value_bytes"] * 1.2 + (1 << 20)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def test_shards_run_largest_first_when_workers_take_several(tmp_path, monkeypatch):
     """Weighed by their videos' file sizes (hand-made files of known sizes), heaviest shard first."""
-    import convert.job as job
+    import convert.schedule as schedule
+    from convert.job import JobOptions
     from convert.plan import ConvertConfig, Plan
     from convert.sources import VideoItem
 
@@ -18,12 +19,12 @@ def test_shards_run_largest_first_when_workers_take_several(tmp_path, monkeypatc
               [video("c", 300)],                           # 300
               [video("d", 50), video("e", 70)],            # 120
               [video("gone", 0), VideoItem("missing", str(tmp_path / "missing"), 0)]]  # 0: a missing file weighs 0
-    assert [job._source_bytes(s) for s in shards] == [20, 300, 120, 0]
+    assert [schedule._source_bytes(s) for s in shards] == [20, 300, 120, 0]
     plan = Plan(ConvertConfig(), ["c"], shards)
     order = []
-    monkeypatch.setattr(job, "run_shard", lambda out, i, *a: order.append(i) or {"index": i})
-    job.run_shards(str(tmp_path), plan, job.JobOptions(workers=1, progress=False))
+    monkeypatch.setattr(schedule, "run_shard", lambda out, i, *a: order.append(i) or {"index": i})
+    schedule.run_shards(str(tmp_path), plan, JobOptions(workers=1, progress=False))
     assert order == [1, 2, 0, 3]
     order.clear()
-    job.run_shards(str(tmp_path), plan, job.JobOptions(workers=4, progress=False))
+    schedule.run_shards(str(tmp_path), plan, JobOptions(workers=4, progress=False))
     assert sorted(order) == [0, 1, 2, 3]  # as many workers as shards: no order to choose

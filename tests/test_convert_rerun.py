@@ -273,7 +273,7 @@ def test_retry_failed_in_an_unfinished_out_and_a_kill_during_the_retry_records_n
 
 def test_a_repair_with_retry_failed_reads_each_shards_records_once(tiny_tree, tmp_path, monkeypatch):
     """Missing shards, --retry-failed and the space estimate all ask for the records: one read per shard."""
-    from convert import job
+    from convert import rerun
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
 
@@ -282,13 +282,13 @@ def test_a_repair_with_retry_failed_reads_each_shards_records_once(tiny_tree, tm
     run_job(tiny_tree, out, ConvertConfig(), opts)
     shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
     reads: list[int] = []
-    real = job._records
+    real = rerun.shard_records
 
     def counted(out_: str, plan, index: int):
         reads.append(index)
         return real(out_, plan, index)
 
-    monkeypatch.setattr(job, "_records", counted)
+    monkeypatch.setattr(rerun, "shard_records", counted)
     said: list[str] = []
     result = run_job(tiny_tree, out, ConvertConfig(), opts, retry_failed=True, say=said.append)
     assert sorted(reads) == [0, 1, 2]  # before the fix: 0, 0, 1, 1, 1, 2, 2

@@ -16,9 +16,12 @@ import subprocess
 import numpy as np
 import pytest
 
+from convert.format import BACKENDS  # tests run over every registered backend and codec
+
 from convert.format import FormatError, StoreFullError
 
 from .convert_helpers import run_cli
+from .loaders_fixtures import payloads
 
 
 def _manifest(out: str) -> dict:
@@ -29,7 +32,7 @@ def _statuses(out: str) -> dict:
     return _manifest(out)["status_counts"]
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "tfrecord"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
 def test_store_full_mid_video_stops_the_job_and_a_rerun_gives_the_clean_result(tiny_tree, tmp_path, backend):
     args = ("--workers", "1", "--shards", "2", "--no-progress", "--backend", backend)
     clean = str(tmp_path / "clean")
@@ -99,10 +102,10 @@ def _producer(n_clips: int, video_id: str = "v"):
 
 
 def test_lmdb_writer_reserves_space_and_a_full_device_commits_nothing(tmp_path, monkeypatch):
-    from convert.format import LmdbReader, LmdbWriter, WriterOptions
+    from convert.format.lmdb import LmdbOptions, LmdbReader, LmdbWriter
 
     path = str(tmp_path / "shard")
-    with LmdbWriter(path=path, codec="raw", meta=_meta(), options=WriterOptions(map_size=1 << 20)) as w:
+    with LmdbWriter(path=path, codec="raw", meta=_meta(), options=LmdbOptions(map_size=1 << 20)) as w:
         assert os.stat(os.path.join(path, "data.mdb")).st_blocks * 512 >= 1 << 20  # reserved, not sparse
 
         def full(fd, offset, length):
@@ -119,10 +122,10 @@ def test_lmdb_writer_reserves_space_and_a_full_device_commits_nothing(tmp_path, 
 
 
 def test_tfrecord_writer_full_device_rewinds_the_video(tmp_path, monkeypatch):
-    from convert.format import TFRecordWriter, WriterOptions
+    from convert.format.tfrecord import TFRecordOptions, TFRecordWriter
 
     path = str(tmp_path / "shard")
-    w = TFRecordWriter(path=path, codec="raw", meta=_meta(), options=WriterOptions())
+    w = TFRecordWriter(path=path, codec="raw", meta=_meta(), options=TFRecordOptions())
     assert w.write_video("a", 0, _producer(2, "a"), 0).clips == 2
     part = w._part()
     size = part.size
@@ -156,23 +159,24 @@ def test_sigbus_is_the_machines_fault_only_when_the_disk_is_full(tmp_path, monke
 
 
 def test_the_start_warns_when_the_device_looks_too_small(tiny_tree, tmp_path, monkeypatch):
-    from convert import job
+    from convert import space
     from convert.job import JobOptions, prepare
     from convert.plan import ConvertConfig
+    from convert.rerun import HeldRecords
 
     out = str(tmp_path / "out")
     plan = prepare(tiny_tree, out, ConvertConfig(), JobOptions(workers=1, shards=1, progress=False))
-    need = job.estimate_bytes_needed(out, plan, [0])
+    need = space.estimate_bytes_needed(out, plan, [0])
     # 4 real videos, 128x171 raw: about a hundred clips of 1 MB
     assert 20 << 20 < need < 400 << 20
     said: list[str] = []
     usage = shutil.disk_usage(out)
-    pending = job.pending_videos(plan, [0], job.HeldRecords(out=out, plan=plan))
-    check = job.SpaceCheck(out=out, plan=plan, pending=pending, say=said.append)
-    monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=need // 2))
+    pending = space.pending_videos(plan, [0], HeldRecords(out=out, plan=plan))
+    check = space.SpaceCheck(out=out, plan=plan, pending=pending, say=said.append)
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: usage._replace(free=need // 2))
     check.run()
     assert len(said) == 1 and "needs about" in said[0] and "MiB free" in said[0]
-    monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=need * 2))
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: usage._replace(free=need * 2))
     check.run()
     assert len(said) == 1
 
@@ -203,7 +207,7 @@ def _damaged(tiny_tree, tmp_path, past_the_end: bool) -> tuple[str, str, bytes]:
     assert run_cli(tiny_tree, out, "--workers", "1", "--shards", "1", "--no-progress").returncode == 0
     store = open_clips(out)
     _, refs = store.refs([3])
-    ((header, _),) = store.payloads([3])
+    ((header, _),) = payloads(store, [3])
     del store
     shard = os.path.join(out, "shards", "shard-00000")
     key = clip_key(*refs[0])
@@ -237,12 +241,12 @@ def test_the_space_check_runs_beside_the_shards_and_still_warns(tiny_tree, tmp_p
     """The probe must not hold back the shards: here it waits until they have started, then warns."""
     import threading
 
-    from convert import job
+    from convert import job, space
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
 
     shards_started = threading.Event()
-    real_run_shards, real_estimate = job.run_shards, job._estimate
+    real_run_shards, real_estimate = job.run_shards, space.estimate
     waited: list[bool] = []
 
     def run_shards(*args, **kwargs):
@@ -254,9 +258,9 @@ def test_the_space_check_runs_beside_the_shards_and_still_warns(tiny_tree, tmp_p
         return real_estimate(plan, pending)
 
     monkeypatch.setattr(job, "run_shards", run_shards)
-    monkeypatch.setattr(job, "_estimate", estimate)
+    monkeypatch.setattr(space, "estimate", estimate)
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(job.shutil, "disk_usage", lambda p: usage._replace(free=1 << 20))
+    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: usage._replace(free=1 << 20))
     said: list[str] = []
     out = str(tmp_path / "out")
     result = run_job(tiny_tree, out, ConvertConfig(), JobOptions(workers=2, shards=2, progress=False),

@@ -14,7 +14,10 @@ import time
 import numpy as np
 import pytest
 
+from convert.format import WRITE_CODECS  # tests run over every registered backend and codec
+
 from convert.format import FormatError
+from convert.format.tfrecord import TFRecordOptions
 from loaders import ClipDataset, open_clips
 
 from .conftest import ROOT
@@ -59,7 +62,7 @@ def test_records_parse_with_the_tfrecord_package_and_indexes_equal_tfrecord2idx(
         assert seen != want  # not written in id order: a class's videos are not side by side
 
 
-@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg"])
+@pytest.mark.parametrize("codec", list(WRITE_CODECS))
 def test_lmdb_and_tfrecord_hold_identical_clips_and_checksums(tf_roots, synth_videos, loader_base, codec):  # noqa: F811
     a, b = open_clips(_lmdb(synth_videos, loader_base, codec)), open_clips(tf_roots[codec])
     assert len(a) == len(b) > 0
@@ -67,7 +70,7 @@ def test_lmdb_and_tfrecord_hold_identical_clips_and_checksums(tf_roots, synth_vi
         x, y = a[i], b[i]
         assert (x.video_id, x.clip_index, x.label) == (y.video_id, y.clip_index, y.label)
         assert np.array_equal(x.clip, y.clip)
-    assert [s["sha256"] for s in a.manifest["shards"]] == [s["sha256"] for s in b.manifest["shards"]]
+    assert [s.sha256 for s in a.manifest.shards] == [s.sha256 for s in b.manifest.shards]
     # The Dataset (crops, flips) gives equal tensors on both backends.
     da, db = ClipDataset(a.root, train=True, seed=5), ClipDataset(b.root, train=True, seed=5)
     items = [(2, i) for i in range(len(a))]
@@ -79,11 +82,11 @@ def test_parts_roll_over_at_the_target_size(synth_videos, tf_roots, tmp_path):
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
     from convert.supervise import ShardOptions
-    from convert.verify import verify
+    from convert.format.verify import verify
 
     out = str(tmp_path / "small_parts")
     run_job(synth_videos, out, ConvertConfig(codec="lz4", backend="tfrecord"),
-            JobOptions(workers=2, shards=3, progress=False, shard=ShardOptions(part_bytes=2 << 20)))
+            JobOptions(workers=2, shards=3, progress=False, shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     for shard in manifest["shards"]:
         sizes = [f["bytes"] for f in shard["files"]]
@@ -91,7 +94,7 @@ def test_parts_roll_over_at_the_target_size(synth_videos, tf_roots, tmp_path):
         assert sum(f["records"] for f in shard["files"]) == shard["clips"]
     assert verify(out)[0] == []
     reference, store = open_clips(tf_roots["lz4"]), open_clips(out)  # the same, in one file per shard
-    assert [s["sha256"] for s in store.manifest["shards"]] == [s["sha256"] for s in reference.manifest["shards"]]
+    assert [s.sha256 for s in store.manifest.shards] == [s.sha256 for s in reference.manifest.shards]
     assert all(np.array_equal(store[i].clip, reference[i].clip) for i in range(0, len(store), 7))
 
 
@@ -165,7 +168,7 @@ def test_truncated_record_file_names_the_file(damaged):
 
 
 def test_flipped_byte_is_caught_by_the_record_crc(damaged):
-    from convert.verify import verify
+    from convert.format.verify import verify
 
     root, data, _ = damaged
     with open(data, "r+b") as fh:
@@ -223,11 +226,11 @@ def test_parts_past_99999_are_read_in_number_order(synth_videos, tmp_path):
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
     from convert.supervise import ShardOptions
-    from convert.verify import verify
+    from convert.format.verify import verify
 
     out = str(tmp_path / "renumbered")
     run_job(synth_videos, out, ConvertConfig(codec="raw", backend="tfrecord"),
-            JobOptions(workers=2, shards=1, progress=False, shard=ShardOptions(part_bytes=2 << 20)))
+            JobOptions(workers=2, shards=1, progress=False, shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
     before = open_clips(out)
     expected = [(r.video_id, r.clip_index, r.clip.copy()) for r in (before[i] for i in range(len(before)))]
     del before

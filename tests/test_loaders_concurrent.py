@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from loaders import LmdbClipDataset, open_clips
+from loaders import ClipDataset, open_clips
 from convert.format.lmdb import HANDLES, clip_key
 
 from .loaders_fixtures import loader_base, raw_root  # noqa: F401
@@ -18,7 +18,7 @@ from .loaders_fixtures import loader_base, raw_root  # noqa: F401
 
 def _digests(root: str, order: list[int], train: bool) -> dict[int, str]:
     """SHA-256 of every clip read in ``order`` (runs in a spawned process)."""
-    ds = LmdbClipDataset(root, train=train)
+    ds = ClipDataset(root, train=train)
     out = {}
     for k in range(0, len(order), 4):  # the batched path, several shards per batch
         batch = ds.__getitems__([(1, i) for i in order[k:k + 4]])
@@ -35,7 +35,7 @@ def _stored_digests(root: str) -> dict[int, str]:
 
 
 def test_spawned_readers_return_correct_values(raw_root):
-    ds = LmdbClipDataset(raw_root, train=True)  # this process holds the shards open throughout
+    ds = ClipDataset(raw_root, train=True)  # this process holds the shards open throughout
     n = len(ds)
     want = {i: hashlib.sha256(ds[(1, i)]["clip"].numpy().tobytes()).hexdigest() for i in range(n)}
     rng = np.random.default_rng(0)
@@ -103,7 +103,7 @@ def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
     import mmap
     import resource
 
-    from loaders.bench import drop_from_page_cache
+    from benchmarks.loaders.cold import drop_from_page_cache
 
     path = tmp_path / "data"
     path.write_bytes(np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes())
@@ -120,7 +120,7 @@ def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
 @pytest.mark.parametrize("order", ["random", "blocks"])
 def test_the_small_cache_benchmark_reads_every_clip_once_in_the_samplers_order(raw_root, order):  # noqa: F811
     """``--sections smallcache``'s reader (here without a cgroup): each clip once, from storage, in either order."""
-    from loaders.bench import cold_read
+    from benchmarks.loaders.cold import cold_read
 
     n = len(open_clips(raw_root))
     r = cold_read(raw_root, order=order, block=4, window=2)

@@ -1,8 +1,8 @@
 """loaders.dali on DALI's CPU backend: the same clips, crops, order and resume as the LMDB path.
 
 No GPU here: the GPU graph (inflate on the device) is checked by
-``python -m loaders.dali`` (``gpu_self_check``) on a machine with one; its
-checking code runs here on the CPU backend.
+``python scripts/dali_check.py`` (``gpu_self_check``) on a machine with one;
+its checking code runs here on the CPU backend.
 """
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ import lmdb  # noqa: E402
 
 from convert.format.lmdb import HANDLES, clip_key  # noqa: E402
 
-from loaders import ClipPreset, DistributedClipSampler, LmdbClipDataset, open_clips, to_model_input  # noqa: E402
-from loaders.clipstore import DatasetError  # noqa: E402
-from loaders.dali import DaliClipLoader, build_dali_loader, gpu_self_check  # noqa: E402
+from convert.format import FormatError  # noqa: E402
+from loaders import ClipDataset, ClipPreset, DistributedClipSampler, open_clips, to_model_input  # noqa: E402
+from loaders.dali import DaliClipLoader, build_dali_loader  # noqa: E402
+
+from .conftest import load_script  # noqa: E402
+from .loaders_fixtures import payloads  # noqa: E402
+
+gpu_self_check = load_script("dali_check").gpu_self_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALES = (1.0, 0.875, 0.75, 0.66)
@@ -41,11 +46,11 @@ def shards(tmp_path_factory) -> dict[str, str]:
     return {name: out[name] for name in configs}
 
 
-def _reference(root: str, preset: ClipPreset) -> LmdbClipDataset:
-    return LmdbClipDataset(root, train=preset.train, preset=preset)
+def _reference(root: str, preset: ClipPreset) -> ClipDataset:
+    return ClipDataset(root, train=preset.train, preset=preset)
 
 
-def _assert_same_as_lmdb(loader: DaliClipLoader, ds: LmdbClipDataset, epoch: int) -> list[int]:
+def _assert_same_as_lmdb(loader: DaliClipLoader, ds: ClipDataset, epoch: int) -> list[int]:
     """Every batch of one iteration equals the LMDB Dataset's batch for the same (epoch, indices)."""
     seen = []
     for batch in loader:
@@ -118,7 +123,7 @@ def test_multiscale_close_to_numpy_resize(shards, codec):
             assert int(diff.max()) <= 2
             assert float((diff > 0).float().mean()) < 0.02
             for k, i in enumerate(batch["index"].tolist()):
-                ((header, _),) = store.payloads([i])
+                ((header, _),) = payloads(store, [i])
                 p = preset.params(epoch, i, header.shape)
                 sides.add(p.h)
                 if p.out_size is None:  # a cut already crop_size wide: DALI's resize is an identity there
@@ -181,7 +186,7 @@ def test_set_position_resumes_the_same_remaining_order_and_crops(shards):
     for position in (4, 6):  # a batch boundary, and a position inside a batch
         resumed = DaliClipLoader(root, train=True, batch_size=4, preset=preset, workers=2)
         resumed.load_state_dict({"epoch": 2, "position": position})
-        assert resumed.state_dict() == {"epoch": 2, "position": position}
+        assert resumed.state_dict() == {"epoch": 2, "position": position, "scheme": 1}  # loaded without one
         got = []
         for b in resumed:
             for k, i in enumerate(b["index"].tolist()):
@@ -241,10 +246,10 @@ def test_state_dict_is_the_samplers(shards):
         obj.set_epoch(3)
         obj.set_position(8)
         obj.set_epoch(3)  # the same epoch keeps the position
-    assert loader.state_dict() == sampler.state_dict() == {"epoch": 3, "position": 8}
-    assert loader.state_dict(consumed=12) == {"epoch": 3, "position": 12}
+    assert loader.state_dict() == sampler.state_dict() == {"epoch": 3, "position": 8, "scheme": 2}
+    assert loader.state_dict(consumed=12) == {"epoch": 3, "position": 12, "scheme": 2}
     loader.set_epoch(4)
-    assert loader.state_dict() == {"epoch": 4, "position": 0}
+    assert loader.state_dict() == {"epoch": 4, "position": 0, "scheme": 2}
     with pytest.raises(ValueError, match=r"0\.\.18"):  # this rank's 18 clips, as the sampler counts them
         loader.set_position(19)
     with pytest.raises(ValueError, match="epoch and position"):
@@ -277,7 +282,7 @@ def test_build_dali_loader_with_the_trainers_keywords(shards):
     batches = list(data)
     assert [b["index"].tolist() for b in batches] == [loader.indices(1, 8)[:4].tolist(),
                                                       loader.indices(1, 8)[4:].tolist()]
-    assert data.state_dict(consumed=8) == {"epoch": 1, "position": 8}
+    assert data.state_dict(consumed=8) == {"epoch": 1, "position": 8, "scheme": 2}
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -318,7 +323,7 @@ def test_damaged_value_is_a_one_line_dataset_error_naming_the_key(shards, tmp_pa
         txn.put(key, bytes(value))
     env.close()
     loader = DaliClipLoader(root, train=False, batch_size=4, workers=workers, verify=True)
-    with pytest.raises(DatasetError, match=f"{path}: {key.decode()}: payload crc32") as info:
+    with pytest.raises(FormatError, match=f"{path}: {key.decode()}: payload crc32") as info:
         for _ in loader:
             pass
     assert "\n" not in str(info.value)
@@ -330,10 +335,13 @@ def test_missing_dali_is_a_one_line_import_error_and_loaders_never_imports_it():
         "import loaders, loaders.dataset, loaders.factory, loaders.presets, loaders.sampler\n"
         "assert not any(m.startswith('nvidia.dali') for m in sys.modules), 'loaders imported DALI'\n"
         "sys.modules['nvidia.dali'] = None\n"
+        "import loaders.dali\n"  # the package imports no DALI; its loaders do
+        "reason = loaders.dali.missing()\n"
         "try:\n"
-        "    import loaders.dali\n"
+        "    from loaders.dali import DaliClipLoader\n"
         "except ImportError as exc:\n"
         "    print('ERR', exc)\n"
+        "    assert str(exc) == reason\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -352,7 +360,7 @@ def test_self_check_runs_on_the_cpu_backend(shards, capsys):
 
 def test_gpu_self_check_refuses_without_cuda():
     if torch.cuda.is_available():
-        pytest.skip("a GPU is present: run python -m loaders.dali instead")
+        pytest.skip("a GPU is present: run python scripts/dali_check.py instead")
     with pytest.raises(RuntimeError, match="no CUDA device"):
         gpu_self_check("/nonexistent", device_id=0)
 
@@ -363,7 +371,7 @@ def test_pipelines_use_the_dynamic_executor_that_run_with_a_stream_needs(shards)
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
-    from loaders.dali import pipeline_options
+    from loaders.dali.base import pipeline_options
 
     def build(**kw) -> Pipeline:
         pipe = Pipeline(batch_size=2, num_threads=1, device_id=None, seed=1, **kw)

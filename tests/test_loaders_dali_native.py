@@ -1,7 +1,7 @@
 """loaders.dali_native on DALI's CPU backend: DALI's own TFRecord reader, sharding, shuffling, resume, crops.
 
-The GPU graph (nvJPEG, the GPU inflate) runs in ``python -m loaders.dali
---device 0`` (``loaders.dali_check``); everything else is checked here.
+The GPU graph (nvJPEG, the GPU inflate) runs in ``python scripts/dali_check.py
+--device 0``; everything else is checked here.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ pytest.importorskip("nvidia.dali")
 
 from loaders import ClipDataset, ClipPreset, open_clips, to_model_input  # noqa: E402
 from loaders.dali import DaliClipLoader, build_dali_loader  # noqa: E402
-from loaders.dali_native import DaliTFRecordLoader, padded_steps, shard_sizes  # noqa: E402
+from loaders.dali.native import DaliTFRecordLoader, padded_steps, shard_sizes  # noqa: E402
 from loaders.presets import resize_bilinear  # noqa: E402
 
+from .conftest import load_script  # noqa: E402
 from .loaders_fixtures import converted, loader_base, raw_root, tfrecord_converted  # noqa: E402,F401
 
 BS = 4
@@ -390,9 +391,9 @@ def test_train_with_loader_dali_on_tfrecord_runs_and_resumes_exactly(synth_video
 
 
 def test_device_check_smoke_runs_the_native_route_and_defines_the_gpu_graphs(tf_roots, tf_lz4, capsys):
-    """``python -m loaders.dali --smoke`` on these conversions: values exact on the CPU backend, the resume
+    """``python scripts/dali_check.py --smoke`` on these conversions: values exact on the CPU backend, the resume
     check passes, speeds are printed, lz4 is skipped on the CPU, and every codec's GPU graphs are defined."""
-    from loaders.dali_check import _main
+    _main = load_script("dali_check").main
 
     assert _main(["--smoke", "--route", "native", tf_roots["raw"], tf_roots["jpeg"], tf_lz4]) == 0
     out = capsys.readouterr().out
@@ -410,7 +411,8 @@ def test_device_check_smoke_runs_the_native_route_and_defines_the_gpu_graphs(tf_
 # -- the benchmark's new rows ------------------------------------------------------------------
 
 def test_bench_tfrecord_package_reader_dali_rows_and_disk_table(tf_roots, tf_lz4, synth_videos):
-    from loaders.bench import TFRecordPackageDataset, disk_table, measure_dali_native, timed
+    from benchmarks.loaders.common import timed
+    from benchmarks.loaders.dataloader import TFRecordPackageDataset, disk_table, measure_dali_native
     from loaders.presets import apply
 
     root = tf_roots["jpeg"]
@@ -441,7 +443,7 @@ def test_bench_tfrecord_package_reader_dali_rows_and_disk_table(tf_roots, tf_lz4
     src = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(synth_videos) for f in fs)
     for codec in ("raw", "lz4", "jpeg"):
         m = open_clips(paths[codec]).manifest
-        clips, value = m["totals"]["clips"], m["totals"]["value_bytes"]
+        clips, value = m.totals.clips, m.totals.value_bytes
         row = rows[("tfrecord", codec)]
         assert int(row[2]) == clips and row[3] == f"{value / clips:,.0f}"
         disk = float(row[4].replace(",", ""))
@@ -456,7 +458,7 @@ def test_centre_anchors_and_relative_positions_are_exact_in_dali_arithmetic():
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    from loaders.dali_native import _centre_node, _relative
+    from loaders.dali.native import _centre_node, _relative
     from loaders.presets import _centre
 
     side = 3

@@ -1,13 +1,15 @@
-"""LmdbClipDataset returns exactly what open_clips stored, cropped where the preset says."""
+"""ClipDataset returns exactly what open_clips stored, cropped where the preset says."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from convert.format import WRITE_CODECS  # tests run over every registered backend and codec
 import torch
 from torch.utils.data._utils.collate import default_collate
 
-from loaders import ClipPreset, DistributedClipSampler, LmdbClipDataset, build_loader, open_clips
+from loaders import ClipDataset, ClipPreset, DistributedClipSampler, build_loader, open_clips
 from loaders.dataset import ClipBatch, collate
 from loaders.presets import apply
 
@@ -19,12 +21,12 @@ def _expected(store, preset: ClipPreset, epoch: int, i: int) -> np.ndarray:
     return apply(clip, preset.params(epoch, i, clip.shape))
 
 
-@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg"])
+@pytest.mark.parametrize("codec", list(WRITE_CODECS))
 @pytest.mark.parametrize("train", [True, False])
 def test_every_item_is_the_stored_clip_cropped_by_the_preset(request, codec, train):
     root = request.getfixturevalue(f"{codec}_root")
     store = open_clips(root)
-    ds = LmdbClipDataset(root, train=train)
+    ds = ClipDataset(root, train=train)
     assert len(ds) == len(store) > 20
     assert ds.classes == store.classes
     assert np.array_equal(ds.labels(), store.labels())
@@ -41,7 +43,7 @@ def test_every_item_is_the_stored_clip_cropped_by_the_preset(request, codec, tra
 
 
 def test_int_items_use_set_epoch(raw_root):
-    ds = LmdbClipDataset(raw_root, train=True)
+    ds = ClipDataset(raw_root, train=True)
     ds.set_epoch(5)
     for i in (0, 7, len(ds) - 1):
         assert torch.equal(ds[i]["clip"], ds[(5, i)]["clip"])
@@ -53,7 +55,7 @@ def test_int_items_use_set_epoch(raw_root):
 
 
 def test_batched_path_equals_item_path(raw_root):
-    ds = LmdbClipDataset(raw_root, train=True)
+    ds = ClipDataset(raw_root, train=True)
     # indices across all shards, unsorted, with a repeat
     items = [(2, i) for i in (len(ds) - 1, 0, 13, 5, 13, len(ds) // 2)]
     batch = ds.__getitems__(items)
@@ -75,7 +77,7 @@ def test_frames_of_different_widths_batch_together(short_side_root):
     widths = {store[i].clip.shape[2] for i in range(len(store))}
     assert len(widths) >= 3 and {store[i].clip.shape[1] for i in range(len(store))} == {120}
     for train in (True, False):
-        ds = LmdbClipDataset(short_side_root, train=train)
+        ds = ClipDataset(short_side_root, train=train)
         batch = collate(ds.__getitems__([(1, i) for i in range(len(ds))]))
         for i in range(len(ds)):
             assert np.array_equal(batch["clip"][i].numpy(), _expected(store, ds.preset, 1, i))
@@ -83,7 +85,7 @@ def test_frames_of_different_widths_batch_together(short_side_root):
 
 def test_clip_len_and_multiscale_options(raw_root):
     store = open_clips(raw_root)
-    ds = LmdbClipDataset(raw_root, train=True, clip_len=8, multiscale=(1.0, 0.75), crop_size=96)
+    ds = ClipDataset(raw_root, train=True, clip_len=8, multiscale=(1.0, 0.75), crop_size=96)
     assert ds.clip_shape == (8, 96, 96, 3)
     batch = collate(ds.__getitems__([(0, i) for i in range(10)]))
     assert batch["clip"].shape == (10, 8, 96, 96, 3)
@@ -94,15 +96,15 @@ def test_clip_len_and_multiscale_options(raw_root):
 
 def test_preset_and_fields_must_agree(raw_root):
     p = ClipPreset(train=True, seed=4)
-    assert LmdbClipDataset(raw_root, train=True, preset=p, seed=4).preset is p  # the trainer passes both
+    assert ClipDataset(raw_root, train=True, preset=p, seed=4).preset is p  # the trainer passes both
     with pytest.raises(ValueError, match="disagree with the preset: seed=5"):
-        LmdbClipDataset(raw_root, train=True, preset=p, seed=5)
+        ClipDataset(raw_root, train=True, preset=p, seed=5)
     with pytest.raises(ValueError, match="train=False but the preset has train=True"):
-        LmdbClipDataset(raw_root, train=False, preset=p)
+        ClipDataset(raw_root, train=False, preset=p)
     with pytest.raises(ValueError, match="longer than the stored clips"):
-        LmdbClipDataset(raw_root, train=True, clip_len=32)
+        ClipDataset(raw_root, train=True, clip_len=32)
     with pytest.raises(ValueError, match="does not fit"):
-        LmdbClipDataset(raw_root, train=False, crop_size=150)
+        ClipDataset(raw_root, train=False, crop_size=150)
 
 
 def _reference(ds: LmdbClipDataset, epoch: int) -> dict[int, torch.Tensor]:
@@ -127,7 +129,7 @@ def _run_epoch(ds, *, workers: int, method: str | None, epoch: int, batch_size: 
 @pytest.mark.parametrize("method, workers", [("fork", 0), ("fork", 2), ("spawn", 2)])
 def test_dataloader_workers_and_start_methods_deliver_the_same_crops(raw_root, method, workers):
     store = open_clips(raw_root)
-    ds = LmdbClipDataset(raw_root, train=True)
+    ds = ClipDataset(raw_root, train=True)
     epoch = 1
     ref = _reference(ds, epoch)  # the parent has the shards open before any fork
     seen = _run_epoch(ds, workers=workers, method=method, epoch=epoch)
@@ -139,7 +141,7 @@ def test_dataloader_workers_and_start_methods_deliver_the_same_crops(raw_root, m
 
 
 def test_worker_count_does_not_change_crops_across_epochs(raw_root):
-    ds = LmdbClipDataset(raw_root, train=True)
+    ds = ClipDataset(raw_root, train=True)
     one = _run_epoch(ds, workers=1, method="fork", epoch=2, batch_size=3)
     two = _run_epoch(ds, workers=2, method="fork", epoch=2, batch_size=7)
     assert all(torch.equal(one[i]["clip"], two[i]["clip"]) for i in range(len(ds)))
@@ -149,13 +151,13 @@ def test_worker_count_does_not_change_crops_across_epochs(raw_root):
 
 
 def test_build_loader_defaults(raw_root, monkeypatch):
-    ds = LmdbClipDataset(raw_root, train=True, seed=3)
+    ds = ClipDataset(raw_root, train=True, seed=3)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     loader = build_loader(ds, batch_size=4, workers=0)
     assert isinstance(loader.sampler, DistributedClipSampler) and loader.sampler.shuffle
     assert loader.sampler.seed == 3 and loader.drop_last and loader.collate_fn is collate
     assert loader.pin_memory == torch.cuda.is_available()
-    ev = build_loader(LmdbClipDataset(raw_root, train=False), batch_size=4, train=False, workers=0)
+    ev = build_loader(ClipDataset(raw_root, train=False), batch_size=4, train=False, workers=0)
     assert not ev.sampler.shuffle and not ev.drop_last
     assert [i for b in ev for i in b["index"].tolist()] == list(range(len(ds)))
     from loaders.factory import default_workers
@@ -166,3 +168,14 @@ def test_build_loader_defaults(raw_root, monkeypatch):
         build_loader(ds, batch_size=4, start_method="thread")
     with pytest.raises(ValueError, match="batch_size"):
         build_loader(ds, batch_size=0)
+
+
+def test_lmdb_clip_dataset_is_a_deprecated_alias_of_clip_dataset():
+    import loaders
+
+    with pytest.warns(DeprecationWarning, match="LmdbClipDataset is deprecated"):
+        alias = loaders.LmdbClipDataset
+    assert alias is ClipDataset
+    with pytest.warns(DeprecationWarning):
+        from loaders.dataset import LmdbClipDataset
+    assert LmdbClipDataset is ClipDataset

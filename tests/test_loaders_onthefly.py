@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.onthefly import OnTheFlyVideoDataset
 from convert.decode import FrameSpec, decode_all
-from loaders import ClipPreset, DatasetError, OnTheFlyVideoDataset
+from convert.format import FormatError
+from loaders import ClipPreset
 from loaders.presets import apply
 
 from .conftest import SHARED_VIDEOS
@@ -78,14 +80,14 @@ def test_real_videos_through_a_list_file(tmp_path, frames_of):
 def test_missing_video_file_is_a_clear_error(tmp_path):
     listing = tmp_path / "list.txt"
     listing.write_text("nothing_here.mp4 0\n")
-    with pytest.raises(DatasetError, match="no usable videos"):
+    with pytest.raises(FormatError, match="no usable videos"):
         OnTheFlyVideoDataset(str(listing), train=True)
 
 
 def test_bench_pieces_on_small_data(raw_root, synth_videos):
-    from loaders import LmdbClipDataset
-    from loaders.bench import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, paired, steady_sampler
-    from loaders.clipstore import open_clips
+    from benchmarks.loaders.common import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, paired, steady_sampler
+    from convert.format import open_clips
+    from loaders import ClipDataset
 
     two, one = ("threads", "x", 2), ("threads", "x", 1)
     rounds = [{two: 3.0, one: 2.0}, {two: 2.0, one: 1.0}, {two: 5.0, one: 2.0}, {two: 9.0}]
@@ -100,10 +102,15 @@ def test_bench_pieces_on_small_data(raw_root, synth_videos):
     bound = ReadCopyDataset(raw_root)
     batch = bound.__getitems__([(0, 0), (0, 5)])
     store = open_clips(raw_root)
-    values = [payload for _, payload in store.payloads([0, 5])]
+    values: list[bytes] = [b"", b""]
+
+    def keep(pos: int, header, payload: memoryview) -> None:
+        values[pos] = bytes(payload)
+
+    store.visit([0, 5], keep)
     assert batch["bytes"] == sum(len(v) for v in values)
     assert bytes(batch["clip"][1, :len(values[1])].numpy()) == values[1]
-    for ds, fn in ((LmdbClipDataset(raw_root, train=True), None), (bound, _as_is)):
+    for ds, fn in ((ClipDataset(raw_root, train=True), None), (bound, _as_is)):
         r = measure(ds, batch_size=4, workers=0, seconds=0.2, start_method=None, collate_fn=fn)
         assert r["clips_s"] > 0 and r["clips"] % 4 == 0
     r = measure(OnTheFlyVideoDataset(synth_videos, train=True), batch_size=2, workers=0, seconds=0.1,

@@ -1,4 +1,4 @@
-"""DistributedClipSampler: disjoint equal rank shares, per-epoch order, exact resume, balance."""
+"""DistributedClipSampler: disjoint equal rank shares, per-epoch order, exact resume, the keyed order scheme."""
 
 from __future__ import annotations
 
@@ -64,13 +64,13 @@ def test_resume_mid_epoch_gives_the_same_remaining_order():
     order = list(full)
     # the trainer saves what it consumed (prefetch runs ahead, so the sampler cannot know)
     state = full.state_dict(consumed=9)
-    assert state == {"epoch": 3, "position": 9}
+    assert state == {"epoch": 3, "position": 9, "scheme": 2}
     fresh = DistributedClipSampler(50, num_replicas=2, rank=1, seed=11)
     fresh.load_state_dict(state)
     fresh.set_epoch(3)  # the usual epoch loop: same epoch keeps the position
     assert list(fresh) == order[9:]
     assert list(fresh) == order[9:]  # stays until the epoch changes
-    assert fresh.state_dict() == {"epoch": 3, "position": 9}
+    assert fresh.state_dict() == {"epoch": 3, "position": 9, "scheme": 2}
     fresh.set_epoch(4)
     nxt = list(fresh)
     assert len(nxt) == 25 and nxt[0][0] == 4 and fresh.state_dict()["position"] == 0
@@ -80,41 +80,43 @@ def test_resume_mid_epoch_gives_the_same_remaining_order():
         fresh.set_position(26)
 
 
-def test_balanced_sampling_equalises_a_skewed_label_set():
-    labels = np.array([0] * 800 + [1] * 150 + [2] * 50)
-    s = DistributedClipSampler(labels, num_replicas=1, rank=0, balanced=True, seed=5, with_epoch=False)
-    counts = np.zeros(3, int)
-    for epoch in range(3):
-        s.set_epoch(epoch)
-        drawn = list(s)
-        assert len(drawn) == 1000
-        counts += np.bincount(labels[drawn], minlength=3)
-    # each class about a third of 3000 draws, instead of 80% / 15% / 5%
-    assert counts.sum() == 3000
-    assert all(900 < c < 1100 for c in counts), counts
-    s.set_epoch(1)
-    again = list(s)
-    s2 = DistributedClipSampler(labels, num_replicas=1, rank=0, balanced=True, seed=5, with_epoch=False)
-    s2.set_epoch(1)
-    assert list(s2) == again  # deterministic from (seed, epoch)
-    s2.set_epoch(2)
-    assert list(s2) != again
+def test_the_epoch_order_is_drawn_with_the_keyed_generator():
+    """Scheme 2: the permutation sorts keyed_uniform((seed, epoch, 0), i) over i (ties in index order), a
+    function of (seed, epoch) defined in loaders.keyed, not of numpy's generators."""
+    from loaders.keyed import keyed_uniform
+
+    s = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
+    s.set_epoch(4)
+    want = np.argsort(keyed_uniform((3, 4, 0), np.arange(40, dtype=np.uint64)), kind="stable")
+    assert list(s) == want.tolist()
+    assert list(s) != np.random.default_rng((3, 4)).permutation(40).tolist()
+    assert list(s)[:8] == [13, 6, 31, 36, 3, 30, 4, 11]  # pinned: the scheme is part of the format of a run
 
 
-def test_balanced_shares_split_over_ranks():
-    labels = np.array([0] * 90 + [1] * 10)
-    ranks = _ranks(labels, world=2, balanced=True, seed=1, epoch_size=400)
-    a, b = ([i for _, i in s] for s in ranks)
-    assert len(a) == len(b) == 200
-    both = np.concatenate([a, b])
-    assert 170 < np.sum(labels[both] == 1) < 230
+def test_a_state_written_before_the_keyed_scheme_resumes_with_the_numpy_order():
+    """A checkpoint's sampler state without "scheme" was drawn with numpy: it keeps being so, every epoch."""
+    s = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
+    s.load_state_dict({"epoch": 4, "position": 5})
+    assert s.state_dict()["scheme"] == 1
+    assert list(s) == np.random.default_rng((3, 4)).permutation(40).tolist()[5:]
+    s.set_epoch(5)
+    assert list(s) == np.random.default_rng((3, 5)).permutation(40).tolist()
+    video = VideoEpochSampler(VIDEO_INDEX, clips_per_video=3, num_replicas=1, rank=0, seed=1, with_epoch=False)
+    video.load_state_dict({"epoch": 2, "position": 0})
+    old = video.chosen(2)
+    for v in np.flatnonzero(np.asarray(COUNTS) < 3).tolist():  # the repeats were numpy draws per video
+        start = int(np.cumsum([0] + COUNTS)[v])
+        assert old[v, COUNTS[v]:].tolist() == (start + np.random.default_rng((1, 2, v)).integers(
+            0, COUNTS[v], 3 - COUNTS[v])).tolist()
+    with pytest.raises(ValueError, match="scheme 7"):
+        s.load_state_dict({"epoch": 0, "position": 0, "scheme": 7})
 
 
 def test_sampler_validates_its_arguments():
     with pytest.raises(ValueError, match="rank must be in 0..1"):
         DistributedClipSampler(10, num_replicas=2, rank=2)
-    with pytest.raises(ValueError, match="needs the labels"):
-        DistributedClipSampler(10, balanced=True)
+    with pytest.raises(ValueError, match="must be the dataset size"):
+        DistributedClipSampler(np.zeros(10))
     with pytest.raises(ValueError, match="keys epoch and position"):
         DistributedClipSampler(10).load_state_dict({"epoch": 1})
     s = DistributedClipSampler(10)
@@ -220,23 +222,24 @@ def test_block_order_over_two_ranks_is_disjoint_and_resumes_exactly():
     shares = [list(s) for s in ranks]
     assert [len(x) for x in shares] == [25, 25] and sorted(shares[0] + shares[1]) == list(range(n))
     resumed = _blocks_sampler(n, storage, world=2, rank=1, block=5, window=2)
-    resumed.load_state_dict({"epoch": 1, "position": 9})
+    resumed.load_state_dict({"epoch": 1, "position": 9, "scheme": 2})
     assert list(resumed) == shares[1][9:]
 
 
 def test_random_order_is_unchanged_by_the_order_setting():
+    from loaders.keyed import keyed_uniform
+
     s = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
     s.set_epoch(4)
-    assert list(s) == np.random.default_rng((3, 4)).permutation(40).tolist()
+    assert list(s) == np.argsort(keyed_uniform((3, 4, 0), np.arange(40, dtype=np.uint64)), kind="stable").tolist()
 
 
-def test_block_order_keeps_balanced_draws_and_video_epochs():
-    labels = np.array([0] * 30 + [1] * 6)
+def test_block_order_keeps_the_clips_and_video_epochs():
     storage = np.arange(36)
-    plain = DistributedClipSampler(labels, num_replicas=1, rank=0, seed=2, balanced=True, with_epoch=False)
-    blocky = DistributedClipSampler(labels, num_replicas=1, rank=0, seed=2, balanced=True, with_epoch=False,
+    plain = DistributedClipSampler(36, num_replicas=1, rank=0, seed=2, with_epoch=False)
+    blocky = DistributedClipSampler(36, num_replicas=1, rank=0, seed=2, with_epoch=False,
                                     order="blocks", storage_order=storage, block=4, window=2)
-    assert sorted(plain) == sorted(blocky) and list(plain) != list(blocky)  # the same draws, reordered
+    assert sorted(plain) == sorted(blocky) and list(plain) != list(blocky)  # the same clips, reordered
     video = np.repeat(np.arange(12), 3)
     a = VideoEpochSampler(video, clips_per_video=2, num_replicas=1, rank=0, seed=4, with_epoch=False)
     b = VideoEpochSampler(video, clips_per_video=2, num_replicas=1, rank=0, seed=4, with_epoch=False,

@@ -7,6 +7,9 @@ with the ``tfrecord`` package.
 
 from __future__ import annotations
 
+import os
+
+import lmdb
 import numpy as np
 
 from convert.format.lmdb import HANDLES, clip_key
@@ -21,8 +24,8 @@ def _global(store) -> dict[tuple[str, int], int]:
     return {(vid, c): int(starts[v]) + c for v, vid in enumerate(store.video_ids) for c in range(store.video_clips[v])}
 
 
-def test_lmdb_storage_order_is_the_order_of_the_values_in_each_shard(raw_root):  # noqa: F811
-    store = open_clips(raw_root)
+def _by_address(store) -> list[int]:
+    """Every clip index of an LMDB conversion, sorted by the address of its value in its shard's map."""
     where = _global(store)
     want = []
     for si, path in enumerate(store.shard_paths):
@@ -30,10 +33,30 @@ def test_lmdb_storage_order_is_the_order_of_the_values_in_each_shard(raw_root): 
         with HANDLES.get(path).begin(buffers=True) as txn:
             address = {k: np.frombuffer(txn.get(clip_key(*k)), dtype=np.uint8).ctypes.data for k in mine}
         want += [where[k] for k in sorted(mine, key=address.__getitem__)]
+    return want
+
+
+def test_lmdb_storage_order_is_the_order_of_the_values_in_each_shard(raw_root):  # noqa: F811
+    store = open_clips(raw_root)
+    want = _by_address(store)
     got = store.storage_order()
     assert got.tolist() == want
     assert sorted(want) == list(range(len(store)))
     assert want != sorted(want)  # written in plan (hash) order, read in id order: a real permutation
+
+
+def test_a_compacted_lmdb_shard_records_its_new_order(synth_videos, tmp_path):
+    """Compaction rewrites a shard in key order: the order it records is the one its values then have."""
+    from convert.format.lmdb import LmdbOptions
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+    from convert.supervise import ShardOptions
+
+    root = str(tmp_path / "compact")
+    run_job(synth_videos, root, ConvertConfig(), JobOptions(workers=2, shards=2, progress=False,
+                                                           shard=ShardOptions(store=LmdbOptions(compact=True))))
+    store = open_clips(root)
+    assert store.storage_order().tolist() == _by_address(store)
 
 
 def test_tfrecord_storage_order_is_the_record_order_of_the_part_files(synth_videos, loader_base, raw_root):  # noqa: F811
@@ -43,9 +66,9 @@ def test_tfrecord_storage_order_is_the_record_order_of_the_part_files(synth_vide
     store = open_clips(root)
     where = _global(store)
     want = []
-    for shard in store.manifest["shards"]:
-        for f in shard["files"]:
-            data = f"{store.root}/{shard['path']}/{f['path']}"
+    for shard in store.manifest.shards:
+        for f in shard.extras["files"]:
+            data = f"{store.root}/{shard.path}/{f['path']}"
             want += [where[(bytes(ex["video_id"]).decode(), int(ex["clip_index"][0]))]
                      for ex in tfrecord.tfrecord_loader(data, None, {"video_id": "byte", "clip_index": "int"})]
     assert store.storage_order().tolist() == want
@@ -53,8 +76,19 @@ def test_tfrecord_storage_order_is_the_record_order_of_the_part_files(synth_vide
     assert open_clips(raw_root).storage_order().tolist() == want
 
 
-def test_lmdb_storage_order_without_a_plan_is_the_reading_order(raw_root, tmp_path):  # noqa: F811
+def test_the_storage_order_is_the_shards_own_not_the_plans(raw_root, tmp_path):  # noqa: F811
+    """Each shard records where its videos lie (m/order): without plan.json the order is the same; a shard
+    written before the order was recorded is read in reading order."""
     copy = copy_conversion(raw_root, str(tmp_path / "noplan"))
     (tmp_path / "noplan" / "plan.json").unlink()
+    assert open_clips(copy).storage_order().tolist() == open_clips(raw_root).storage_order().tolist()
+    store = open_clips(copy)
+    for path in store.shard_paths:
+        HANDLES.forget(path)
+        env = lmdb.open(path, subdir=True, max_dbs=0, lock=False,
+                        map_size=os.path.getsize(os.path.join(path, "data.mdb")) * 2 + (64 << 20))
+        with env.begin(write=True) as txn:
+            assert txn.delete(b"m/order")  # as in a shard of an earlier release
+        env.close()
     store = open_clips(copy)
     assert store.storage_order().tolist() == list(range(len(store)))

@@ -11,16 +11,19 @@ import threading
 
 import numpy as np
 import pytest
+
+from convert.format import BACKENDS, WRITE_CODECS  # tests run over every registered backend and codec
 import torch
 
 from convert.format import FormatError
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
-from loaders import (ClipDataset, DatasetError, DistributedClipSampler, LoaderTimeout, ThreadedClipLoader,
+from loaders import (ClipDataset, DistributedClipSampler, LoaderTimeout, ThreadedClipLoader,
                      build_loader, default_threads, loader_meter, open_clips)
 
+from .conftest import load_script
 from .loaders_fixtures import (converted, copy_conversion, jpeg_root, loader_base, lz4_root, raw_root,  # noqa: F401
-                               rewrite_value, tfrecord_converted)
+                               payloads, rewrite_value, tfrecord_converted)
 
 FIELDS = ("clip", "label", "clip_index", "index")
 
@@ -49,8 +52,8 @@ def _assert_same(got: list[dict], want: list[dict]) -> None:
         assert g["video_id"] == w["video_id"]
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "tfrecord"])
-@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("codec", list(WRITE_CODECS))
 def test_threaded_batches_equal_the_dataloader_batches(synth_videos, loader_base, backend, codec):  # noqa: F811
     root = _root(synth_videos, loader_base, backend, codec)
     for train in (True, False):
@@ -116,7 +119,7 @@ def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):
     from convert.plan import ConvertConfig
 
     threads = 12
-    for backend in ("lmdb", "tfrecord"):
+    for backend in BACKENDS:
         src = str(tmp_path / f"{backend}_src")
         run_job(synth_videos, src, ConvertConfig(backend=backend, codec="lz4", size=(40, 52)),
                 JobOptions(workers=2, shards=10, progress=False))
@@ -169,7 +172,7 @@ def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):
 def _damaged(raw_root, tmp_path, i: int, change) -> tuple[str, str, str]:  # noqa: F811
     store = open_clips(raw_root)
     shards, refs = store.refs([i])
-    rel = store.manifest["shards"][int(shards[0])]["path"]
+    rel = store.manifest.shards[int(shards[0])].path
     key = clip_key(*refs[0])
     root = copy_conversion(raw_root, str(tmp_path / "damaged"))
     rewrite_value(os.path.join(root, rel), key, change)
@@ -178,7 +181,7 @@ def _damaged(raw_root, tmp_path, i: int, change) -> tuple[str, str, str]:  # noq
 
 def _error(loader) -> str:
     loader.sampler.set_epoch(0)
-    with pytest.raises(DatasetError) as exc:
+    with pytest.raises(FormatError) as exc:
         for _ in loader:
             pass
     return str(exc.value)
@@ -243,7 +246,7 @@ def test_jpeg_pixels_are_libjpeg_turbos_default_decode(jpeg_root):  # noqa: F811
     store = open_clips(jpeg_root)
     codec = JpegCodec()
     frames = 0
-    for header, payload in store.payloads(range(0, len(store), 5)):
+    for header, payload in payloads(store, range(0, len(store), 5)):
         offsets, sizes = codec.parts(payload, header.shape)
         pillow = [np.asarray(Image.open(io.BytesIO(payload[a:a + n])).convert("RGB"))
                   for a, n in zip(offsets.tolist(), sizes.tolist())]
@@ -254,7 +257,7 @@ def test_jpeg_pixels_are_libjpeg_turbos_default_decode(jpeg_root):  # noqa: F811
         assert np.array_equal(codec.window(payload, header.shape, 3, 9), np.stack(pillow[3:12]))
     assert frames == 16 * len(range(0, len(store), 5))
     # a frame of another size than the header's: the same one-line error on both paths
-    header, payload = store.payloads([0])[0]
+    header, payload = payloads(store, [0])[0]
     small = codec.encode(np.zeros((1, 8, 8, 3), np.uint8))
     with pytest.raises(FormatError, match=r"jpeg frame 0 is \(8, 8, 3\), header says \(128, 171, 3\)"):
         codec.window(small, (1, *header.shape[1:]), 0, 1)
@@ -265,7 +268,7 @@ def test_lz4_frames_decode_in_place_as_python_lz4_decodes_them(lz4_root):  # noq
 
     store = open_clips(lz4_root)
     codec = store.codec
-    header, payload = store.payloads([len(store) // 2])[0]
+    header, payload = payloads(store, [len(store) // 2])[0]
     t, h, w, c = header.shape
     offsets, sizes = codec.parts(payload, header.shape)
     parts = [payload[a:a + n] for a, n in zip(offsets.tolist(), sizes.tolist())]
@@ -327,7 +330,7 @@ def test_loader_meter_counts_what_the_readers_did(raw_root):  # noqa: F811
 
 
 def test_bench_read_copy_bound_reads_the_stored_values_through_threads(raw_root):  # noqa: F811
-    from loaders.bench import ReadCopyDataset
+    from benchmarks.loaders.common import ReadCopyDataset
 
     bound = ReadCopyDataset(raw_root)
     store = open_clips(raw_root)
@@ -335,7 +338,7 @@ def test_bench_read_copy_bound_reads_the_stored_values_through_threads(raw_root)
     seen = 0
     for batch in loader:
         indices = list(range(seen, seen + len(batch["bytes"])))
-        values = [payload for _, payload in store.payloads(indices)]
+        values = [payload for _, payload in payloads(store, indices)]
         assert batch["bytes"].tolist() == [len(v) for v in values]
         for row, value in zip(batch["clip"], values):
             assert bytes(row[:len(value)].numpy()) == value
@@ -344,7 +347,7 @@ def test_bench_read_copy_bound_reads_the_stored_values_through_threads(raw_root)
 
 
 def test_threads_check_compares_every_batch_with_the_dataloader_path(raw_root, capsys):  # noqa: F811
-    from loaders.threads_check import main
+    main = load_script("threads_check").main
 
     assert main([raw_root, "--device", "cpu", "--epochs", "2"]) == 0
     # 47 clips in batches of 8, drop_last: 5 batches per epoch

@@ -28,7 +28,7 @@ def test_fixed_size_conversion(tiny_data):
 
 def test_short_side_conversion_takes_the_stored_clip_length(short_side_root):
     """clip_shape is null in the manifest: T comes from the clip spec, the crop is checked against the short side."""
-    assert open_clips(short_side_root).manifest["clip_shape"] is None
+    assert open_clips(short_side_root).manifest.data.clip_shape is None
     shape = dataset_info(short_side_root, 112)
     assert (shape.clip_len, shape.frame, shape.short_side) == (16, None, 120)
     with pytest.raises(TrainError, match=r"--crop-size 121 does not fit frames whose short side is 120"):

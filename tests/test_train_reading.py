@@ -82,7 +82,7 @@ class _DiesInWorker(ClipDataset):
 @pytest.mark.parametrize("signum", [signal.SIGSEGV, signal.SIGBUS], ids=["SIGSEGV", "SIGBUS"])
 def test_loader_worker_killed_by_a_signal_is_one_line(tiny_data, tmp_path, capsys, monkeypatch, signum):  # noqa: F811
     dies = type("Dies", (_DiesInWorker,), {"signum": signum})
-    monkeypatch.setattr(train.data, "LmdbClipDataset", dies)
+    monkeypatch.setattr(train.data, "ClipDataset", dies)
     assert main(common(tiny_data, tmp_path / "run") + EPOCH + ["--loader", "processes", "--workers", "1"]) == 2
     err = one_line_error(capsys)
     expected = (rf"a loader worker process \(pid \d+\) was killed by {signum.name} while reading --data "

@@ -82,14 +82,14 @@ def test_dali_pipeline_accepts_run_with_a_stream_argument():
     import nvidia.dali.fn as fn
     from nvidia.dali.pipeline import Pipeline
 
-    from loaders.dali import _build_pipeline
+    from convert.format.codecs import RawCodec
+    from loaders.dali.graphs import graph_for
+    from loaders.dali.source import _build_pipeline
     from loaders.presets import ClipPreset
 
     assert Version(version("nvidia-dali-cuda120")) in _requirements()["nvidia-dali-cuda120"].specifier
     preset = ClipPreset(train=True, crop_size=4)
-    from convert.format.codecs import RawCodec
-
-    pipe = _build_pipeline(_Source(), codec=RawCodec(), frames=2, batch_size=3, device_id=None, workers=0,
+    pipe = _build_pipeline(_Source(), graph=graph_for(RawCodec()), frames=2, batch_size=3, device_id=None, workers=0,
                            prefetch=2, start_method="fork", preset=preset, normalize=False, hint=1 << 20)
     try:
         assert pipe.exec_dynamic is True

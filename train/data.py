@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, loader_meter,
+from loaders import (ClipPreset, DistributedClipSampler, FormatError, ClipDataset, build_loader, loader_meter,
                      open_clips, to_model_input)
 from loaders.sampler import VideoEpochSampler
 
@@ -79,21 +79,21 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
     try:
         store = open_clips(root)
         manifest = store.manifest
-        shape = manifest.get("clip_shape")
-        clip_len = int(shape[0]) if shape else int(manifest["clip"]["clip_len"])
+        shape = manifest.data.clip_shape
+        clip_len = int(shape[0]) if shape else manifest.data.clip.clip_len
         starts = np.concatenate(([0], np.cumsum(store.video_clips)[:-1]))
         first_of_shard = np.flatnonzero(np.diff(store.video_shard, prepend=-1))
         sample = [int(starts[v]) for v in first_of_shard]
         seen: dict[int, tuple[int, ...]] = {}
         store.visit(sample, lambda pos, header, payload: seen.__setitem__(pos, header.shape))
-    except (DatasetError, KeyError, TypeError, ValueError) as exc:
+    except (FormatError, ValueError) as exc:
         raise TrainError(f"{flag} {root}: cannot read the clip shape: {exc}") from exc
     lengths = sorted({s[0] for s in seen.values()} | {clip_len})
     if len(lengths) > 1:
         raise TrainError(f"{flag} {root}: stored clips have {' and '.join(map(str, lengths))} frames; the model "
                          f"needs one clip length (convert again with one --clip-len)")
     frame = (int(shape[1]), int(shape[2])) if shape else None
-    short = None if shape else (manifest.get("frame_size") or {}).get("short_side")
+    short = None if shape else manifest.data.frame_size.short_side
     smallest = min(frame) if frame else (int(short) if short else min(min(s[1:3]) for s in seen.values()))
     if crop_size > smallest:
         where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
@@ -271,10 +271,10 @@ def _dali_device(info: DistInfo) -> int | None:
 
 @contextlib.contextmanager
 def _reader_errors(flag: str, root: str):
-    """The readers' ValueError / DatasetError (a crop that does not fit, a bad seed...) as one-line TrainErrors."""
+    """The readers' ValueError / FormatError (a crop that does not fit, a bad seed...) as one-line TrainErrors."""
     try:
         yield
-    except (ValueError, DatasetError) as exc:
+    except (ValueError, FormatError) as exc:
         raise TrainError(f"{flag} {root}: {exc}") from exc
 
 
@@ -319,7 +319,7 @@ def reading(flag: str, root: str):
     verify = f"python -m convert verify {root} checks the shards for damage"
     try:
         yield
-    except DatasetError as exc:
+    except FormatError as exc:
         raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
     except RuntimeError as exc:
         died = _worker_death(exc)
@@ -384,8 +384,8 @@ def _readers(cfg: TrainConfig) -> dict:
     return {"workers": cfg.workers, "worker_init_fn": ignore_stop_signals}
 
 
-def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> LmdbClipDataset:
-    ds = LmdbClipDataset(root, train=train, preset=preset, seed=cfg.seed)
+def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> ClipDataset:
+    ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed)
     # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
     # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
     # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.

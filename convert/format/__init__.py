@@ -1,53 +1,33 @@
-"""The on-disk format, shared by the writers (``convert``) and the readers (``loaders``).
+"""The on-disk format: the one layer below both the writers (``convert``) and the readers (``loaders``).
 
-One module per backend holds that backend's writer and reader; ``BACKENDS``
-picks them by the manifest's ``backend``. Importing this package imports
-neither PyAV nor torch.
+FORMAT.md is its prose version. Modules: ``layout`` (folder names, the clip
+header), ``manifest`` (the typed manifest), ``records`` (video records),
+``codecs`` (payloads and what each one is), ``base`` (the backend contract),
+``parts`` (the append-only commit protocol), one subpackage per backend
+(``lmdb``, ``tfrecord``) registered in ``backends``, ``store`` (the plain
+reader, ``open_clips``), ``verify`` (the shard verifier) and ``system``
+(process helpers). Importing it imports neither PyAV nor torch: a training
+node reads shards with numpy, lmdb and the standard library only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from .base import (DATA_KEYS, STATUSES, ShardDamaged, ShardReader, ShardWriter, StoreError, StoreFullError, VideoRecord,
-                   WriterOptions, check_shard_meta, shard_meta, sort_records)
-from .codecs import (CODECS_BY_ID, WRITE_CODECS, Codec, codec_for_id, codec_of_manifest, get_codec)
-from .layout import (DAMAGED_DIR, FORMAT_NAME, FORMAT_VERSION, HEADER_SIZE, LOCK, LOG_DIR, MANIFEST, PLAN, PROGRESS_DIR, REPORT,
-                     SHARD_DIR, ClipHeader, FormatError, ShardMissing, check_crc, check_plan, read_manifest, shard_name, unpack_header)
-from .lmdb import LmdbReader, LmdbWriter
-from .tfrecord import TFRecordReader, TFRecordWriter
-
-
-@dataclass(frozen=True)
-class Backend:
-    """A storage backend: its writer and reader classes."""
-
-    name: str
-    writer: type[ShardWriter]
-    reader: type[ShardReader]
-
-
-BACKENDS: dict[str, Backend] = {"lmdb": Backend("lmdb", LmdbWriter, LmdbReader),
-                                "tfrecord": Backend("tfrecord", TFRecordWriter, TFRecordReader)}
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called ``name``; the error lists those that exist."""
-    backend = BACKENDS.get(name)
-    if backend is None:
-        raise FormatError(f"unknown backend {name!r}; this reader knows {', '.join(BACKENDS)}")
-    return backend
-
-
-def open_shard(backend: str, path: str) -> ShardReader:
-    """A reader for the finished shard at ``path``."""
-    return get_backend(backend).reader(path)
-
+from .backends import BACKENDS, get_backend
+from .base import SUMMARY_KEYS, Backend, ShardReader, ShardWriter
+from .codecs import CODECS_BY_ID, WRITE_CODECS, Codec, Payload, codec_for_id, get_codec
+from .errors import FormatError, ShardDamaged, ShardMissing, StoreError, StoreFullError
+from .layout import (DAMAGED_DIR, FORMAT_NAME, FORMAT_VERSION, HEADER_SIZE, LOCK, LOG_DIR, MANIFEST, PLAN,
+                     PROGRESS_DIR, REPORT, SHARD_DIR, ClipHeader, check_crc, shard_name, unpack_header)
+from .manifest import (DATA_KEYS, DataSpec, Manifest, ShardEntry, check_plan, check_shard_meta, read_manifest,
+                       shard_meta)
+from .records import STATUSES, VideoRecord, sort_records
+from .store import ClipSample, ClipStore, open_clips
 
 __all__ = [
-    "BACKENDS", "CODECS_BY_ID", "DAMAGED_DIR", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOCK", "LOG_DIR", "MANIFEST",
-    "PLAN", "PROGRESS_DIR", "REPORT", "SHARD_DIR", "STATUSES", "WRITE_CODECS", "Backend", "ClipHeader", "Codec",
-    "FormatError", "ShardDamaged", "ShardMissing", "ShardReader", "ShardWriter", "StoreError", "StoreFullError", "VideoRecord", "WriterOptions", "check_crc",
-    "check_plan", "check_shard_meta", "codec_for_id", "codec_of_manifest", "get_backend", "get_codec", "open_shard",
-    "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
+    "BACKENDS", "CODECS_BY_ID", "DAMAGED_DIR", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOCK",
+    "LOG_DIR", "MANIFEST", "PLAN", "PROGRESS_DIR", "REPORT", "SHARD_DIR", "STATUSES", "SUMMARY_KEYS", "WRITE_CODECS",
+    "Backend", "ClipHeader", "ClipSample", "ClipStore", "Codec", "DataSpec", "FormatError", "Manifest", "Payload",
+    "ShardDamaged", "ShardEntry", "ShardMissing", "ShardReader", "ShardWriter", "StoreError", "StoreFullError",
+    "VideoRecord", "check_crc", "check_plan", "check_shard_meta", "codec_for_id", "get_backend", "get_codec",
+    "open_clips", "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
 ]

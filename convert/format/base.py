@@ -1,98 +1,44 @@
-"""What every backend shares: video records, the writer and reader interfaces, the shard checksum.
+"""The backend contract: what a storage backend provides, and what every backend shares.
 
-A backend is one module holding a ``ShardWriter`` and a ``ShardReader``
-subclass; ``convert.format.BACKENDS`` maps the manifest's ``backend`` to
-them. The job and every reader talk only to these interfaces.
+A backend is one subpackage of ``convert.format`` holding a ``ShardWriter``
+and a ``ShardReader`` subclass and a frozen dataclass of its writing options;
+one ``Backend`` line in ``convert.format.BACKENDS`` names them, and one
+section of FORMAT.md describes its files. The conversion job, the shard
+worker, the plain reader and ``verify`` talk only to these interfaces: every
+method they call is declared here, abstract where a backend must say how.
+
+Options are how a backend stores (never what): each field of its options
+dataclass is declared with ``option()``, which also gives the command line
+its flag and help, so a backend's options are declared once, in the backend.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar, Generator, Iterator, Sequence
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Generator, Iterator, Sequence
 
 import numpy as np
 
 from .codecs import Codec, get_codec
-from .layout import FORMAT_NAME, FORMAT_VERSION, ClipHeader, FormatError, pack_header
+from .errors import FormatError
+from .layout import ClipHeader, pack_header
+from .manifest import DATA_KEYS
+from .records import VideoRecord
 
-STATUSES = ("ok", "padded", "partial", "short", "failed")
-# Manifest fields every shard also stores, so a manifest edited by hand (or
-# paired with the wrong shards) is caught by comparing the two.
-DATA_KEYS = ("backend", "codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip", "on_damage")
-MAX_RECORD_BYTES = 1 << 20  # a video record is a few hundred bytes; more means a damaged length
-
-
-@dataclass(frozen=True)
-class VideoRecord:
-    """What a shard remembers of one video: committed together with the video's clips."""
-
-    video_id: str
-    path: str
-    label: int
-    status: str  # ok | padded | partial | short | failed
-    clips: int
-    frames: int
-    reason: str = ""
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, raw: bytes | memoryview, where: str = "") -> "VideoRecord":
-        """Parse a stored record; FormatError (naming ``where``) when it is not one."""
-        try:
-            d = json.loads(bytes(raw))
-        except ValueError as exc:
-            raise FormatError(f"{where}: damaged video record: {exc}") from exc
-        return cls.from_dict(d, where)
-
-    @classmethod
-    def from_dict(cls, d: dict, where: str = "") -> "VideoRecord":
-        """Check and build a record from its JSON object; FormatError (naming ``where``) when it is not one."""
-        try:
-            rec = cls(**d)
-        except TypeError as exc:
-            raise FormatError(f"{where}: damaged video record: {exc}") from exc
-        if rec.status not in STATUSES or rec.clips < 0:
-            raise FormatError(f"{where}: video record {rec.video_id!r} has status {rec.status!r}, clips {rec.clips}")
-        return rec
+# The summary fields every backend's ``finish`` returns and the manifest lists per shard.
+SUMMARY_KEYS = ("videos", "clips", "value_bytes", "sha256")
 
 
-def sort_records(records: Sequence[VideoRecord]) -> list[VideoRecord]:
-    """Reading order: by video id as UTF-8 bytes (what LMDB's key order gives)."""
-    return sorted(records, key=lambda r: r.video_id.encode("utf-8"))
+def option(default: Any, *, flag: str, help: str, parse: str = "value") -> Any:
+    """A field of a backend's options dataclass, with its command-line flag and help.
 
-
-def shard_meta(data: dict, *, index: int, count: int) -> dict:
-    """The metadata a shard stores: format, the data-defining manifest fields, its place among the shards."""
-    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "index": index, "count": count,
-            **{k: data[k] for k in DATA_KEYS}}
-
-
-def check_shard_meta(meta: dict | None, manifest: dict, index: int, where: str) -> None:
-    """A shard's stored metadata must agree with the manifest and sit at its manifest position."""
-    if manifest.get("format_version", 1) < 2:
-        return  # version 1 shards store only their codec
-    if meta is None:
-        raise FormatError(f"{where}: shard has no metadata (not written by this format version)")
-    diffs = [k for k in DATA_KEYS if meta.get(k) != manifest.get(k)]
-    if diffs:
-        k = diffs[0]
-        raise FormatError(f"{where}: shard says {k} {_short(meta.get(k))}, manifest says {_short(manifest.get(k))}"
-                          f"{f' (also differ: {chr(44).join(diffs[1:])})' if diffs[1:] else ''}")
-    if meta.get("index") != index:
-        raise FormatError(f"{where}: shard is number {meta.get('index')} of its conversion, the manifest lists it "
-                          f"as number {index} (shards reordered?)")
-    if int(meta.get("count", 0)) > len(manifest.get("shards", ())):
-        raise FormatError(f"{where}: shard belongs to a conversion of {meta.get('count')} shards, the manifest "
-                          f"lists {len(manifest.get('shards', ()))} (shards dropped from the manifest?)")
-
-
-def _short(value) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    ``parse``: ``"bytes"`` (a size such as 512M), ``"switch"`` (a flag without
+    a value, default False) or ``"value"`` (the field's own type).
+    """
+    return field(default=default, metadata={"flag": flag, "help": help, "parse": parse})
 
 
 def headers_checksum(headers: Iterator[bytes | memoryview]) -> str:
@@ -109,52 +55,32 @@ def headers_checksum(headers: Iterator[bytes | memoryview]) -> str:
     return h.hexdigest()
 
 
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 ClipProducer = Generator[tuple[int, int, np.ndarray], None, VideoRecord]
+Visitor = Callable[[int, ClipHeader, memoryview], None]
 
 
-class ShardDamaged(FormatError):
-    """A shard that cannot be opened for writing: its files are damaged (truncated, overwritten)."""
+class ShardWriter(ABC):
+    """One shard, written by one process. A backend subclasses it and stores the bytes.
 
-
-class StoreError(OSError):
-    """The store failed to write (I/O error, damaged store): a problem of the machine, never of the video."""
-
-    def __str__(self) -> str:
-        return self.strerror or super().__str__()  # the message already says what; no "[Errno 28]" prefix
-
-
-class StoreFullError(StoreError):
-    """No room on the device for the next video."""
-
-
-@dataclass(frozen=True)
-class WriterOptions:
-    """How a writer stores (never what): LMDB map size and compaction, TFRecord file size."""
-
-    map_size: int | None = None  # lmdb: initial map size (grows on demand)
-    compact: bool = False  # lmdb: rewrite finished shards without free pages
-    part_bytes: int = 256 << 20  # tfrecord: start a new file once one reaches this size
-
-    def __post_init__(self) -> None:
-        if self.map_size is not None and self.map_size < 1:
-            raise ValueError(f"map_size must be >= 1 byte, got {self.map_size}")
-        if self.part_bytes < 1:
-            raise ValueError(f"part_bytes must be >= 1 byte, got {self.part_bytes}")
-
-
-class ShardWriter:
-    """One shard, written by one process. A backend subclasses it and stores the bytes."""
+    Every write, sync, rename and close a backend makes raises ``StoreError``
+    (``StoreFullError`` on a full device) when it fails: a problem of the
+    machine, after which nothing of the video being written is committed.
+    """
 
     backend: ClassVar[str] = ""
 
-    def __init__(self, *, path: str, codec: str, meta: dict, options: WriterOptions = WriterOptions()) -> None:
+    def __init__(self, *, path: str, codec: str, meta: dict, options: Any = None) -> None:
         self.path = path
         self.codec: Codec = get_codec(codec)
         if meta.get("codec_id") != self.codec.id:
             raise ValueError(f"{path}: shard metadata says codec id {meta.get('codec_id')}, codec {codec!r} "
                              f"writes {self.codec.id}")
         self.meta = meta
-        self.options = options
 
     def encode(self, video_id: str, label: int, clip_index: int, start_frame: int,
                frames: np.ndarray) -> tuple[bytes, bytes | memoryview]:
@@ -162,7 +88,7 @@ class ShardWriter:
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
             raise ValueError(f"clip must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
         payload = self.codec.encode(frames)
-        header = pack_header(codec_id=self.codec.id, shape=tuple(frames.shape), label=label,
+        header = pack_header(codec_id=self.codec.id, shape=tuple(frames.shape), label=label,  # type: ignore[arg-type]
                              clip_index=clip_index, start_frame=start_frame, video_id=video_id, payload=payload)
         return header, payload
 
@@ -186,11 +112,11 @@ class ShardWriter:
             raise ValueError(f"{self.path}: shard holds {diffs[0]} {_short(stored.get(diffs[0]))}, this job writes "
                              f"{_short(self.meta.get(diffs[0]))}; use another OUT")
 
-    # -- the storage interface ----------------------------------------------
+    @abstractmethod
     def done_records(self) -> dict[str, VideoRecord]:
         """Every video committed so far, by id."""
-        raise NotImplementedError
 
+    @abstractmethod
     def write_video(self, video_id: str, label: int, produce: Callable[[], ClipProducer],
                     estimate_bytes: int) -> VideoRecord:
         """Store a video's clips and its record atomically; returns the record stored.
@@ -200,30 +126,38 @@ class ShardWriter:
         ``clips == 0`` means "keep none of what was yielded". The writer may call
         ``produce`` again (after growing its store), so it must be repeatable.
         """
-        raise NotImplementedError
 
+    @abstractmethod
+    def forget_video(self, video_id: str) -> None:
+        """Remove a video without clips (a failed one) and the shard's summary, so it is converted again.
+
+        Used by ``--retry-failed`` just before the new attempt; ``finish``
+        then computes the summary anew.
+        """
+
+    @abstractmethod
     def complete_record(self) -> dict | None:
         """The shard's summary once ``finish`` has run, else None."""
-        raise NotImplementedError
 
+    @abstractmethod
     def finish(self) -> dict:
-        """Mark the shard complete; returns its summary (videos, clips, value_bytes, sha256)."""
-        raise NotImplementedError
+        """Make the shard durable and mark it complete; returns its summary.
 
+        The summary has ``SUMMARY_KEYS`` and the backend's ``manifest_extras``.
+        """
+
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Let go of the shard's files; what is not committed is converted again by a rerun."""
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-Visitor = Callable[[int, ClipHeader, memoryview], None]
-
-
-class ShardReader:
+class ShardReader(ABC):
     """Read side of one finished shard. A backend subclasses it.
 
     Clips are addressed by identity, (video id, clip index); reading order is
@@ -236,18 +170,19 @@ class ShardReader:
         self.path = path
 
     @property
+    @abstractmethod
     def meta(self) -> dict | None:
         """The shard's stored metadata (``shard_meta``); None for version 1 shards."""
-        raise NotImplementedError
 
+    @abstractmethod
     def records(self) -> list[VideoRecord]:
         """Every video record of the shard (clips or not), in reading order."""
-        raise NotImplementedError
 
+    @abstractmethod
     def complete(self) -> dict | None:
         """The summary written when the shard was finished, or None."""
-        raise NotImplementedError
 
+    @abstractmethod
     def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
         """Call ``fn(position, header, payload)`` for each (video id, clip index).
 
@@ -256,16 +191,15 @@ class ShardReader:
         before the payload is touched. A FormatError from ``fn`` comes back
         naming the shard and the clip.
         """
-        raise NotImplementedError
 
-    def iter_clips(self) -> Iterator[tuple[memoryview, ClipHeader, memoryview]]:
+    @abstractmethod
+    def iter_clips(self) -> Iterator[tuple[memoryview | bytes, ClipHeader, memoryview]]:
         """(header bytes, header, payload) of every clip in reading order (views valid until the next item)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def storage_order(self) -> list[str] | None:
         """Ids of the shard's videos with clips, in the order their clips lie in its files; None where the
-        backend does not record where values lie (LMDB), so that a reader must take a hint instead."""
-        return None
+        shard does not record it (shards written before it was recorded)."""
 
     def checksum(self, version: int) -> str:
         """The shard checksum as the manifest of ``version`` defines it (lowercase hex)."""
@@ -283,3 +217,26 @@ class ShardReader:
     def where(self, video_id: str, clip_index: int) -> str:
         """How errors name one clip: the shard and the clip's identity."""
         return f"{self.path}: {video_id} clip {clip_index}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backend:
+    """A storage backend: its writer, its reader, its options and the summary fields its manifest entries add."""
+
+    name: str
+    summary: str  # what its shards are, in a few words (the command line's help)
+    writer: type[ShardWriter]
+    reader: type[ShardReader]
+    options: type  # a frozen dataclass whose fields are declared with option()
+    manifest_extras: tuple[str, ...] = ()
+
+    def make_options(self, values: dict[str, Any] | None = None) -> Any:
+        """The options dataclass from ``{field: value}`` (unset fields at their defaults); ValueError when wrong."""
+        try:
+            return self.options(**(values or {}))
+        except TypeError as exc:
+            raise ValueError(f"{self.name} options: {exc}") from None
+
+
+__all__ = ["SUMMARY_KEYS", "Backend", "ClipProducer", "ShardReader", "ShardWriter", "Visitor", "headers_checksum",
+           "option"]

@@ -1,10 +1,12 @@
 """Clip payload codecs: uint8 (T, H, W, C) arrays to bytes and back.
 
-A codec is one object that knows everything about its payload: how to encode
-a clip, decode it, decode only a temporal window (straight into a caller's
-array), where its per-frame parts lie (the byte ranges DALI decodes), and the
-DALI operators that decode it on the GPU. Readers look a codec up by the id in
-each value's header (``CODECS_BY_ID``) and never test ids themselves.
+A codec is one object that knows its payload: how to encode a clip, decode
+it, decode only a temporal window (straight into a caller's array), where its
+per-frame parts lie, and what the payload *is* (``Payload``: an array or
+independently coded frames, how they are coded, lossless or not). Decoders
+elsewhere (the GPU loader's graphs) are chosen from that declaration, never
+by testing ids or classes. Readers look a codec up by the id in each value's
+header (``CODECS_BY_ID``).
 
 Ids are part of the format and never reused: 1 is version 1's single-block
 LZ4, still read; version 2 writes LZ4 as one block per frame (id 3), which
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 import lz4.block
 import numpy as np
 
-from .layout import FormatError
+from .errors import FormatError
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -73,28 +76,49 @@ def _window_of(frames: np.ndarray, t0: int, t: int, out: np.ndarray | None) -> n
     return out
 
 
-def _dali():
-    try:
-        import nvidia.dali.fn as fn
-        import nvidia.dali.types as types
-    except (ImportError, OSError) as exc:
-        raise ImportError(f"decoding on DALI needs NVIDIA DALI: pip install nvidia-dali-cuda120 ({exc})") from None
-    return fn, types
+@dataclass(frozen=True)
+class Payload:
+    """What a codec's payload is (FORMAT.md, *Payloads*): what a decoder is chosen by.
+
+    ``layout``: ``"array"``, the clip's T*H*W*C bytes in one piece (coded as
+    a whole), or ``"frames"``, uint32 N, N uint32 part sizes and N parts, part
+    j coding frame j alone (so a temporal window decodes only its frames).
+    ``coding``: how the array or each frame is coded, ``"none"`` (the bytes
+    themselves), ``"lz4-block"`` (one LZ4 block, no size prefix) or
+    ``"jpeg"`` (a baseline JPEG file, which carries its own size).
+    ``lossless``: decoding gives back the clip's exact bytes.
+    """
+
+    layout: str
+    coding: str
+    lossless: bool
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"payload layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.coding not in CODINGS:
+            raise ValueError(f"payload coding must be one of {', '.join(CODINGS)}, got {self.coding!r}")
+
+    @property
+    def in_place(self) -> bool:
+        """The payload is the clip's pixels as they are: a reader takes a view of it, no decoding."""
+        return self.layout == "array" and self.coding == "none"
+
+
+LAYOUTS = ("array", "frames")
+CODINGS = ("none", "lz4-block", "jpeg")
 
 
 class Codec:
     """What every payload codec offers; subclasses fill it in."""
 
-    name: str = ""
-    id: int = -1
-    lossless: bool = True
-    dali_cpu: bool = True  # whether DALI's CPU backend can decode it (else it needs the GPU)
-    decode_in_dali: bool = True  # a DALI reader hands DALI the payload (False: decoded frames are cheaper)
-    decode_on_host: bool = False  # DALI's decoder reads the payload from host memory even on the GPU
-    dali_uses_shape: bool = True  # dali_decode needs the stored shape (JPEG files carry their own)
-    # A crop reader checks the payload's CRC-32 on every read, asked or not, where that costs nothing:
-    # for raw it is the fastest way to read the payload at all (see RawCodec).
-    crc_on_crop: bool = False
+    name: ClassVar[str] = ""
+    id: ClassVar[int] = -1
+    summary: ClassVar[str] = ""  # what it stores, in a few words (the command line's help)
+    payload: ClassVar[Payload]
+    # Raw bytes per stored byte a conversion can count on (at least): sizes the
+    # free-space estimate before any video is encoded. 1.0 when nothing is known.
+    expected_ratio: ClassVar[float] = 1.0
 
     def encode(self, clip: np.ndarray) -> bytes | memoryview:
         """The payload of one uint8 (T, H, W, C) clip."""
@@ -113,26 +137,17 @@ class Codec:
         raise NotImplementedError
 
     def parts(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, sizes) int64: the byte ranges in ``payload`` that DALI decodes, one per frame or chunk."""
+        """(offsets, sizes) int64: the byte ranges of ``payload`` coded separately, one per frame or one in all."""
         return np.zeros(1, np.int64), np.full(1, len(payload), np.int64)
 
     def window_parts(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int,
                      t: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(offsets, sizes, skip): the parts DALI must decode for frames ``t0:t0+t``, and how many
-        decoded frames to drop before the window starts (0 where each frame is its own part)."""
+        """(offsets, sizes, skip): the parts to decode for frames ``t0:t0+t``, and how many decoded
+        frames to drop before the window starts (0 where each frame is its own part)."""
         offsets, sizes = self.parts(payload, shape)
         if len(offsets) == shape[0]:
             return offsets[t0:t0 + t], sizes[t0:t0 + t], 0
         return offsets, sizes, t0
-
-    def dali_decode(self, data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, device: str) -> Any:
-        """DALI graph: 1-D uint8 ``data`` (on ``device``: "cpu" or "gpu") -> uint8 (F, H, W, C), layout FHWC.
-
-        ``shape`` is the stored (T, H, W, C), ``offsets``/``sizes`` the parts
-        of the frames wanted (``frames`` of them, in order; all T unless a
-        reader selected a temporal window before).
-        """
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<codec {self.name} id {self.id}>"
@@ -141,13 +156,9 @@ class Codec:
 class RawCodec(Codec):
     """The array's bytes in C order: no CPU cost to read, largest on disk."""
 
-    name, id, lossless, decode_in_dali = "raw", 0, True, False
-    # A crop reads the payload where it lies (a view of the shard's map), and the flipped crop does so
-    # channel by channel, backwards: from memory, that order is slow. Streaming the payload through its
-    # CRC-32 first (zlib-ng, tens of GB/s) leaves it in the CPU's caches for the crop: 16x112x112 crops of
-    # 16x128x171 clips in one thread, 1,884 -> 2,788 clips/s on the 2-core VM (1.48x; the CRC of only
-    # the crop's rows, 1.34x). So the check a user would have to ask for comes for less than free.
-    crc_on_crop = True
+    name, id = "raw", 0
+    summary = "the pixels as they are"
+    payload = Payload(layout="array", coding="none", lossless=True)
 
     def encode(self, clip: np.ndarray) -> memoryview:
         # A view, not a copy: the value is assembled with one copy by the writer.
@@ -166,16 +177,13 @@ class RawCodec(Codec):
     def window(self, payload, shape, t0, t, out=None):
         return _window_of(self.frames(payload, shape), t0, t, out)
 
-    def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
-        fn, _ = _dali()
-        # The source hands over whole clips; a frame window is sliced after.
-        return fn.reshape(data, shape=shape, layout="FHWC")
-
 
 class Lz4BlockCodec(Codec):
     """Version 1's LZ4: one LZ4 block (no size prefix) for the whole clip. Read, never written."""
 
-    name, id, lossless, dali_cpu = "lz4", 1, True, False
+    name, id = "lz4", 1
+    payload = Payload(layout="array", coding="lz4-block", lossless=True)
+    expected_ratio = 1.2
 
     def window(self, payload, shape, t0, t, out=None):
         size = _size(shape)
@@ -186,10 +194,6 @@ class Lz4BlockCodec(Codec):
         if len(raw) != size:
             raise FormatError(f"lz4 payload decompressed to {len(raw)} bytes, shape {shape} needs {size}")
         return _window_of(np.frombuffer(raw, dtype=np.uint8).reshape(shape), t0, t, out)
-
-    def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
-        fn, types = _dali()
-        return fn.decoders.inflate(data, shape=shape, algorithm="LZ4", dtype=types.UINT8, layout="FHWC")
 
 
 class PerFrameCodec(Codec):
@@ -231,7 +235,10 @@ class Lz4FramesCodec(PerFrameCodec):
     idle). Lossless; about 1.2x smaller than raw on typical Kinetics footage.
     """
 
-    name, id, lossless, dali_cpu = "lz4", 3, True, False
+    name, id = "lz4", 3
+    summary = "an LZ4 block per frame, lossless, inflated on the GPU by DALI"
+    payload = Payload(layout="frames", coding="lz4-block", lossless=True)
+    expected_ratio = 1.2  # typical Kinetics footage; far more on synthetic or static video
 
     def encode(self, clip: np.ndarray) -> bytes:
         clip = np.ascontiguousarray(clip, dtype=np.uint8)
@@ -257,11 +264,6 @@ class Lz4FramesCodec(PerFrameCodec):
         if n != frame:
             raise FormatError(f"lz4 frame {j} decompressed to {n} bytes, needs {frame}")
 
-    def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
-        fn, types = _dali()
-        return fn.decoders.inflate(data, shape=shape[1:], chunk_offsets=offsets, chunk_sizes=sizes,
-                                   algorithm="LZ4", dtype=types.UINT8, layout="HWC", sequence_axis_name="F")
-
 
 class JpegCodec(PerFrameCodec):
     """One baseline JPEG per frame (lossy): about 10-30x smaller than raw.
@@ -273,7 +275,10 @@ class JpegCodec(PerFrameCodec):
     for bit; nvJPEG on the GPU differs by a grey level or two.
     """
 
-    name, id, lossless, decode_on_host, dali_uses_shape = "jpeg", 2, False, True, False
+    name, id = "jpeg", 2
+    summary = "a JPEG per frame, lossy, decoded by nvJPEG under DALI"
+    payload = Payload(layout="frames", coding="jpeg", lossless=False)
+    expected_ratio = 8.0
 
     def __init__(self, quality: int = 90) -> None:
         if not 1 <= quality <= 100:
@@ -318,17 +323,6 @@ class JpegCodec(PerFrameCodec):
                 pass  # undecodable, or larger than the frame: decode_frame says which
         out[...] = self.decode_frame(part, shape, j)
 
-    def dali_decode(self, data, *, shape, offsets, sizes, frames, device):
-        fn, types = _dali()
-        # One decoder call per frame position; each decodes the whole batch's
-        # frames at that position ("mixed": nvJPEG on the GPU).
-        where = "mixed" if device == "gpu" else "cpu"
-        decoded = []
-        for k in range(frames):
-            one = fn.slice(data, offsets[k:k + 1], sizes[k:k + 1], axes=[0])
-            decoded.append(fn.decoders.image(one, device=where, output_type=types.RGB))
-        return fn.stack(*decoded, axis_name="F")
-
 
 # Codecs a conversion can be written with, by the name the manifest stores.
 WRITE_CODECS: dict[str, type[Codec]] = {"raw": RawCodec, "lz4": Lz4FramesCodec, "jpeg": JpegCodec}
@@ -349,13 +343,3 @@ def codec_for_id(codec_id: int) -> Codec:
     if codec is None:
         raise FormatError(f"unknown codec id {codec_id}; known ids {sorted(CODECS_BY_ID)}")
     return codec
-
-
-def codec_of_manifest(manifest: dict) -> Codec:
-    """The codec every clip of a conversion uses (version 1 manifests name it; version 2 also give the id)."""
-    if "codec_id" in manifest:
-        return codec_for_id(int(manifest["codec_id"]))
-    legacy = {"raw": 0, "lz4": 1, "jpeg": 2}  # version 1's ids
-    if manifest.get("codec") not in legacy:
-        raise FormatError(f"manifest names unknown codec {manifest.get('codec')!r}")
-    return CODECS_BY_ID[legacy[manifest["codec"]]]

@@ -1,4 +1,4 @@
-"""The folder layout, the manifest and the clip header: what every backend shares.
+"""The folder layout, metadata files and the clip header: what every backend shares.
 
 FORMAT.md is the prose version of this package; the two must agree. Nothing
 here imports PyAV or torch: a training node reads shards with numpy, lmdb and
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass
+from typing import Any
+
+from .errors import FormatError, storing
 
 FORMAT_NAME = "videoclips"
 FORMAT_VERSION = 2
@@ -42,38 +46,57 @@ VIDEO_ID_LEN_OFFSET = 14
 MAX_CLIP_INDEX = 0xFFFFFFFF  # the header's uint32
 
 
-class FormatError(ValueError):
-    """A stored value or file that does not follow FORMAT.md."""
+# Metadata files (manifest, plan, shard metadata and commits) are small; a larger
+# one, or one that is no regular file (a FIFO, a device), is refused unread.
+MAX_JSON_BYTES = 64 << 20
 
 
-class ShardMissing(FormatError):
-    """A shard the manifest lists is not on disk (deleted, or OUT copied in part)."""
+def read_json_file(path: str, what: str, *, limit: int = MAX_JSON_BYTES) -> Any:
+    """The parsed JSON of a metadata file; FormatError naming ``path`` when it is no regular file of at most
+    ``limit`` bytes or no valid JSON.
 
-
-def read_manifest(root: str) -> dict:
-    """The manifest of a finished conversion; FormatError names what is wrong."""
-    if not os.path.isdir(root):
-        raise FormatError(f"{root}: no such folder")
-    path = os.path.join(root, MANIFEST)
-    if not os.path.exists(path):
-        raise FormatError(f"{root}: no {MANIFEST}; not a finished conversion (run python -m convert first)")
+    Opened without blocking and checked with ``fstat`` before a byte is read:
+    a FIFO named like a manifest must not hang a reader, nor ``/dev/zero``
+    exhaust its memory, nor a deeply nested array its stack.
+    """
     try:
-        with open(path) as fh:
-            manifest = json.load(fh)
-    except ValueError as exc:
-        raise FormatError(f"{path}: not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise FormatError(f"{path}: format {got!r} is not {FORMAT_NAME!r}")
-    if manifest.get("format_version") not in READABLE_VERSIONS:
-        raise FormatError(f"{path}: format version {manifest.get('format_version')} is not one this reader knows "
-                          f"({', '.join(map(str, READABLE_VERSIONS))})")
-    manifest.setdefault("backend", "lmdb")  # version 1 had one backend
-    classes = manifest.get("classes")
-    if not isinstance(classes, list) or manifest.get("num_classes") != len(classes):
-        raise FormatError(f"{path}: num_classes {manifest.get('num_classes')} but "
-                          f"{len(classes) if isinstance(classes, list) else 'no'} class names")
-    return manifest
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise FormatError(f"{path}: {what} missing") from None
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot open the {what}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{path}: the {what} is not a regular file")
+        if st.st_size > limit:
+            raise FormatError(f"{path}: the {what} is {st.st_size} bytes, more than the {limit} a {what} may have")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(limit + 1)
+    except OSError as exc:
+        raise FormatError(f"{path}: reading the {what} failed: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise FormatError(f"{path}: the {what} is not valid JSON: {type(exc).__name__}: {exc}") from None
+
+
+def write_json_atomic(path: str, obj: Any, *, sync: bool = True, **dump: Any) -> None:
+    """Write ``obj`` as JSON (``json.dump`` keywords in ``dump``) to ``path`` atomically: a temporary file
+    named for this process, synced (unless ``sync=False``), then renamed over ``path``.
+
+    A failure of the machine is a ``StoreError`` naming the file.
+    """
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with storing("writing", tmp):
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh, **dump)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 def shard_name(index: int) -> str:
@@ -158,20 +181,3 @@ def check_crc(payload: bytes | memoryview, header: ClipHeader) -> None:
     got = crc32(payload)
     if got != header.crc32:
         raise FormatError(f"payload crc32 {got:08x} != stored {header.crc32:08x}")
-
-
-def check_plan(root: str, manifest: dict) -> None:
-    """The manifest must list every shard the plan made, in the plan's order (when plan.json is there)."""
-    path = os.path.join(root, PLAN)
-    if not os.path.exists(path):
-        return
-    try:
-        with open(path) as fh:
-            planned = [s["name"] for s in json.load(fh)["shards"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise FormatError(f"{path}: not a readable plan: {exc}") from exc
-    listed = [s["name"] for s in manifest["shards"]]
-    if listed != planned:
-        missing = [n for n in planned if n not in listed]
-        what = f"lacks {', '.join(missing[:3])}" if missing else "lists them in another order"
-        raise FormatError(f"{os.path.join(root, MANIFEST)}: the plan has {len(planned)} shards, the manifest {what}")

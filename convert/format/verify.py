@@ -1,8 +1,12 @@
-"""``python -m convert verify OUT``: reopen every shard and check it against the manifest.
+"""The shard verifier: reopen every shard of a conversion and check it against the manifest.
 
-Works for every backend through its reader. Each shard is checked in a child
-process (several at once): a page damaged so badly that touching it raises
-SIGBUS kills that child, which is reported as "corrupted", never the check.
+``verify(OUT)`` is ``python -m convert verify OUT``: it works for every
+backend through its reader, and checks each shard in a child process
+(several at once), so a page damaged so badly that touching it raises SIGBUS
+kills that child, which is reported as "corrupted", never the check.
+``verify_store`` is the same check from the reading side: it raises a
+one-line ``FormatError`` at the first problem, so a training job stops with
+the file and the reason.
 """
 
 from __future__ import annotations
@@ -15,23 +19,29 @@ import os
 import signal
 from typing import Callable
 
-from .format import (FormatError, ShardMissing, check_crc, check_plan, check_shard_meta, codec_for_id, get_backend,
-                     read_manifest)
+from .backends import get_backend
+from .codecs import codec_for_id
+from .errors import FormatError, ShardMissing
+from .layout import check_crc
+from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
+from .store import ClipStore
 from .system import cpu_count
 
 
-def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) -> list[str]:
+def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = True) -> list[str]:
     """Every problem found in shard ``index`` of ``manifest``, as one-line messages naming the shard.
 
     ``decode=False`` checks everything but the payloads' decoding (CRC-32s,
     headers, counts, metadata, the checksum): what a reader checks before
-    training.
+    training. Records and headers are checked as the readers check them
+    (labels among the classes, each clip's label its video's), so a shard
+    that passes is one every reader reads.
     """
-    meta = manifest["shards"][index]
-    name = meta["name"]
-    version = int(manifest.get("format_version", 1))
+    meta = manifest.shards[index]
+    name = meta.name
+    version = manifest.format_version
     try:
-        reader = get_backend(manifest["backend"]).reader(path)
+        reader = get_backend(manifest.data.backend).reader(path)
     except ShardMissing as exc:
         return [f"{name}: missing: {exc}"]
     except FormatError as exc:
@@ -41,13 +51,19 @@ def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) 
         check_shard_meta(reader.meta, manifest, index, name)
     except FormatError as exc:
         problems.append(str(exc))
-    n_classes = len(manifest["classes"])
-    shape = tuple(manifest["clip_shape"]) if manifest.get("clip_shape") else None
+    n_classes = manifest.num_classes
+    shape = manifest.data.clip_shape
     clips = value_bytes = 0
     h = hashlib.sha256()
     try:
         problems += reader.check_storage()
         records = reader.records()
+        label_of = {}
+        for rec in records:
+            label_of[rec.video_id] = rec.label
+            if not 0 <= rec.label < n_classes:
+                problems.append(f"{name}: video record {rec.video_id!r}: label {rec.label} outside the "
+                                f"{n_classes} classes")
         for header_bytes, header, payload in reader.iter_clips():
             clips += 1
             value_bytes += header.value_len
@@ -61,6 +77,8 @@ def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) 
                     raise FormatError(f"shape {header.shape}, manifest says {shape}")
                 if not 0 <= header.label < n_classes:
                     raise FormatError(f"label {header.label} outside the {n_classes} classes")
+                if header.label != label_of.get(header.video_id, header.label):
+                    raise FormatError(f"label {header.label}, its video record says {label_of[header.video_id]}")
             except FormatError as exc:
                 problems.append(f"{where}: {exc}")  # where names the shard (its path) and the clip
         sha = h.hexdigest() if version >= 2 else reader.checksum(version)
@@ -69,14 +87,14 @@ def verify_shard(path: str, index: int, manifest: dict, *, decode: bool = True) 
         return problems
     finally:
         reader.close()
-    if clips != meta["clips"]:
-        problems.append(f"{name}: holds {clips} clips, manifest says {meta['clips']}")
-    if len(records) != meta["videos"]:
-        problems.append(f"{name}: holds {len(records)} video records, manifest says {meta['videos']}")
-    if version >= 2 and value_bytes != meta["value_bytes"]:
-        problems.append(f"{name}: holds {value_bytes} value bytes, manifest says {meta['value_bytes']}")
-    if sha != meta["sha256"]:
-        problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta['sha256'][:16]}...")
+    if clips != meta.clips:
+        problems.append(f"{name}: holds {clips} clips, manifest says {meta.clips}")
+    if len(records) != meta.videos:
+        problems.append(f"{name}: holds {len(records)} video records, manifest says {meta.videos}")
+    if version >= 2 and value_bytes != meta.value_bytes:
+        problems.append(f"{name}: holds {value_bytes} value bytes, manifest says {meta.value_bytes}")
+    if sha != meta.sha256:
+        problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta.sha256[:16]}...")
     return problems
 
 
@@ -134,15 +152,33 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
         check_plan(out, manifest)
     except FormatError as exc:
         problems.append(str(exc))
-    tasks = [(meta["name"], _task(os.path.join(out, meta["path"]), i, manifest, decode))
-             for i, meta in enumerate(manifest["shards"])]
+    tasks = [(meta.name, _task(manifest.shard_path(out, i), i, manifest, decode))
+             for i, meta in enumerate(manifest.shards)]
     problems += isolated(tasks, cpu_count() if workers is None else workers)
-    totals = manifest["totals"]
+    totals = manifest.totals
     for key in ("clips", "videos", "value_bytes"):
-        if sum(m[key] for m in manifest["shards"]) != totals[key]:
+        if sum(getattr(m, key) for m in manifest.shards) != getattr(totals, key):
             problems.append(f"manifest: shard {key} counts do not add up to totals.{key}")
-    return problems, {"shards": len(manifest["shards"]), "clips": totals["clips"], "videos": totals["videos"]}
+    return problems, {"shards": len(manifest.shards), "clips": totals.clips, "videos": totals.videos}
 
 
-def _task(path: str, index: int, manifest: dict, decode: bool) -> Callable[[], list[str]]:
+def _task(path: str, index: int, manifest: Manifest, decode: bool) -> Callable[[], list[str]]:
     return lambda: verify_shard(path, index, manifest, decode=decode)
+
+
+def verify_store(store: ClipStore) -> dict:
+    """Recompute each payload's CRC-32 and each shard's checksum; compare with headers and the manifest.
+
+    Reads every byte of every shard; raises a one-line FormatError at the
+    first problem. Returns the counts checked.
+    """
+    clips = 0
+    for index, (path, meta) in enumerate(zip(store.shard_paths, store.manifest.shards)):
+        problems = verify_shard(path, index, store.manifest, decode=False)
+        if problems:
+            raise FormatError(f"{path}: checksum mismatch: {problems[0]}")
+        clips += meta.clips
+    return {"shards": len(store.shard_paths), "clips": clips}
+
+
+__all__ = ["isolated", "verify", "verify_shard", "verify_store"]

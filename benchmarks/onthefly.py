@@ -2,9 +2,9 @@
 
 One item per video: decode with PyAV (the converter's own decoder, frames
 resized to ``size`` as the shards store them), take a ``clip_len`` window,
-then apply the same ``ClipPreset`` as ``LmdbClipDataset``. It exists to be
-measured against (``python -m loaders.bench``), and as a fallback for data
-that has not been converted.
+then apply the same ``ClipPreset`` as ``ClipDataset``. It exists to be
+measured against (``python -m benchmarks.loaders``): a benchmark's baseline,
+not part of the installed packages.
 
 Training picks a random window from the container's frame-count estimate and
 decodes from the start only up to the window's end (no seeking: keyframe
@@ -24,17 +24,16 @@ import torch
 from torch.utils.data import Dataset
 
 from convert.decode import FrameSpec, VideoDecoder, VideoError
+from convert.format import FormatError
 from convert.sources import load_source
-
-from .clipstore import DatasetError
-from .keyed import KeyedDraws
-from .presets import ClipPreset
+from loaders.keyed import KeyedDraws
+from loaders.presets import ClipPreset
 
 
 class OnTheFlyVideoDataset(Dataset):
     """Videos of a source (folder of class folders, Kinetics CSV with ``videos``, or list file).
 
-    Items are ``i`` or ``(epoch, i)`` and come back as ``LmdbClipDataset``'s do:
+    Items are ``i`` or ``(epoch, i)`` and come back as ``ClipDataset``'s do:
     ``{"clip", "label", "video_id", "clip_index" (always 0), "index"}``.
     """
 
@@ -49,7 +48,7 @@ class OnTheFlyVideoDataset(Dataset):
             raise ValueError(f"train={train} but the preset has train={preset.train}")
         source = load_source(src, videos=videos)
         if not source.items:
-            raise DatasetError(f"{src}: no usable videos ({len(source.problems)} rejected or missing)")
+            raise FormatError(f"{src}: no usable videos ({len(source.problems)} rejected or missing)")
         self.items = source.items
         self.classes: list[str] = source.classes
         self.problems = source.problems
@@ -97,12 +96,12 @@ class OnTheFlyVideoDataset(Dataset):
                     t0 = seen - len(frames)  # the estimate may have been long: the last frames then
                 else:
                     frames = list(dec)
-                    t0 = max(0, int(round((len(frames) - self.clip_len) / 2.0)))
+                    t0 = max(0, round((len(frames) - self.clip_len) / 2.0))
                     frames = frames[t0:t0 + self.clip_len]
         except VideoError as exc:
-            raise DatasetError(f"{item.path}: {exc}") from exc
+            raise FormatError(f"{item.path}: {exc}") from exc
         if not frames:
-            raise DatasetError(f"{item.path}: no frames decoded")
+            raise FormatError(f"{item.path}: no frames decoded")
         while len(frames) < self.clip_len:
             frames = frames + frames[: self.clip_len - len(frames)]
         return t0, np.stack(frames)

@@ -16,16 +16,19 @@ def cpu_count() -> int:
 
 
 def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package`` that imports ``table[name]`` (a submodule) on first use.
+    """A module ``__getattr__`` for ``package`` that imports ``table[name]`` on first use.
 
-    Why: ``import loaders`` and ``import convert.format`` must not import torch
-    or PyAV, which only some of their submodules need.
+    ``table`` maps a name to the module that defines it: a submodule of
+    ``package`` (``"dataset"``) or a module path (``"convert.format.store"``).
+    Why: ``import loaders`` and ``import convert`` must not import torch or
+    PyAV, which only some of their submodules need.
     """
 
     def __getattr__(name: str) -> Any:
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(f".{module}", package), name)
+        path = module if "." in module else f"{package}.{module}"
+        return getattr(importlib.import_module(path), name)
 
     return __getattr__

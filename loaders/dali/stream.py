@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from convert.format import ClipHeader, codec_for_id
+from convert.format import ClipHeader, ClipStore, codec_for_id
 
-from .clipstore import ClipStore
-from .cropread import checked_params
-from .presets import ClipPreset
-from .sampler import DistributedClipSampler
+from ..cropread import checked_params
+from ..presets import ClipPreset
+from ..sampler import DistributedClipSampler
 
 
 class _Order:
@@ -52,6 +51,10 @@ class _Order:
                 self._cache.pop(next(iter(self._cache)))
             got = self._cache[key] = self.sampler.indices(key)[:self.share_size]
         return got
+
+    def forget(self) -> None:
+        """Drop the epochs' orders drawn so far (after the sampler's scheme changed)."""
+        self._cache.clear()
 
     def batches(self, position: int) -> int:
         """Batches of an epoch started at ``position``."""
@@ -111,20 +114,22 @@ class _ClipSource:
 
     Returns (data, anchor (skip, y0, x0), size (t, h, w), flip, label, index)
     and, when ``in_dali``, the stored shape (T, H, W, C) and the byte offsets
-    and sizes of the parts DALI decodes. ``data`` is then the 1-D payload,
-    decoded by the codec's DALI stage (LZ4 inflate, or the image decoder for
-    JPEG: nvJPEG on the GPU), with only the temporal window's frames handed
-    over; otherwise the decoded window (T, H, W, C) itself.
+    and sizes of the parts DALI decodes (the shape only where the payload's
+    graph ``needs_shape``). ``data`` is then the 1-D payload, decoded by its
+    DALI graph (LZ4 inflate, or the image decoder for JPEG: nvJPEG on the
+    GPU), with only the temporal window's frames handed over; otherwise the
+    decoded window (T, H, W, C) itself.
     Stateless apart from caches, as parallel sources must be.
     """
 
-    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, in_dali: bool,
-                 verify: bool) -> None:
+    def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, in_dali: bool, verify: bool,
+                 needs_shape: bool = True) -> None:
         self.store = store
         self.preset = preset
         self.stream = stream
         self.in_dali = in_dali
         self.verify = verify
+        self.needs_shape = needs_shape
         self.num_classes = len(store.classes)
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
@@ -149,5 +154,5 @@ class _ClipSource:
                np.array(index, dtype=np.int64))
         if not self.in_dali:
             return out
-        shape = (np.asarray(header.shape, dtype=np.int32),) if codec.dali_uses_shape else ()
+        shape = (np.asarray(header.shape, dtype=np.int32),) if self.needs_shape else ()
         return out + shape + (offsets.astype(np.int32), sizes.astype(np.int32))

@@ -1,4 +1,4 @@
-"""``python -m convert.bench``: conversion speed against decode-only and decord, side by side.
+"""``python -m benchmarks.conversion``: conversion speed against decode-only and decord, side by side.
 
 Everything is measured in one run, on the same videos and the same number of
 processes, in interleaved rounds (these machines are noisy: each row shows its
@@ -15,6 +15,8 @@ workers for decode-only and decord, of every process of the job (the job,
 its fork server, the shard processes) for a conversion. On a machine shared
 with other work the CPU time moves much less than the wall-clock rate, so
 its ratio is the steadier measure of what conversion adds to decoding.
+
+Run it from the repository root; docs/benchmarks.md records its tables.
 """
 
 from __future__ import annotations
@@ -25,21 +27,22 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from joblib import Parallel, delayed
 
-from . import forkserver
-from .decode import FrameSpec, VideoDecoder
-from .job import JobOptions, run_job
-from .plan import ConvertConfig
-from .supervise import package_env
-from .system import cpu_count
+from benchmarks import REPO_ROOT
+from convert import forkserver
+from convert.decode import FrameSpec, VideoDecoder
+from convert.format import get_backend, read_manifest
+from convert.format.system import cpu_count
+from convert.job import JobOptions, run_job
+from convert.plan import ConvertConfig
+from convert.supervise import package_env
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
 TINY = "mmaction2__part_0.mp4"  # 32 frames: the start-up measurement's video
-DEFAULT_SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared",
-                              "testdata", "videos")
+DEFAULT_SHARED = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "testdata", "videos"))
 SIZE = (128, 171)
 BASE = "decode-only: PyAV + filter-graph resize"
 DECORD = "decord: decode + resize (reference)"
@@ -113,13 +116,13 @@ def _cpu_so_far() -> float:
                for f in ("ru_utime", "ru_stime"))
 
 
-def _stored_frames(out: str, manifest: dict) -> int:
-    """Frames of every video the shards hold a record of (what the conversion decoded)."""
-    from .format import open_shard
-
+def _stored_frames(out: str) -> int:
+    """Frames of every video the shards at ``out`` hold a record of (what the conversion decoded)."""
+    manifest = read_manifest(out)
+    backend = get_backend(manifest.data.backend)
     frames = 0
-    for shard in manifest["shards"]:
-        reader = open_shard(manifest["backend"], os.path.join(out, shard["path"]))
+    for shard in manifest.shards:
+        reader = backend.reader(manifest.shard_path(out, shard.index))
         try:
             frames += sum(r.frames for r in reader.records())
         finally:
@@ -136,14 +139,13 @@ def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tup
     shutil.rmtree(out, ignore_errors=True)
     forkserver.stop()
     cpu0, t0 = _cpu_so_far(), time.perf_counter()
-    manifest = run_job(tree, out, ConvertConfig(backend=backend, codec=codec),
-                       JobOptions(workers=workers, progress=False))
+    run_job(tree, out, ConvertConfig(backend=backend, codec=codec), JobOptions(workers=workers, progress=False))
     elapsed = time.perf_counter() - t0
     forkserver.stop()
     cpu = _cpu_so_far() - cpu0
-    if manifest["totals"]["videos"] == 0:
+    if read_manifest(out).totals.videos == 0:
         raise SystemExit(f"{out}: the conversion stored no video")
-    return _stored_frames(out, manifest), elapsed, cpu
+    return _stored_frames(out), elapsed, cpu
 
 
 _FRESH_JOB = """
@@ -179,18 +181,15 @@ def write_speed(folder: str, mib: int = 256) -> float:
     path = os.path.join(folder, "write-speed.tmp")
     t0 = time.perf_counter()
     with open(path, "wb") as fh:
-        for _ in range(mib):
-            fh.write(block)
+        fh.writelines(block for _ in range(mib))
     elapsed = time.perf_counter() - t0
     os.remove(path)
     return mib * (1 << 20) / elapsed / 1e6
 
 
 def _stored_mb(out: str) -> float:
-    import json
-
-    with open(os.path.join(out, "manifest.json")) as fh:
-        return json.load(fh)["totals"]["value_bytes"] / 1e6
+    """MB of clip values (headers and payloads) the conversion at ``out`` stores."""
+    return read_manifest(out).totals.value_bytes / 1e6
 
 
 def _rows(paths: list[str], tree: str, scratch: str, workers: int, with_decord: bool
@@ -206,7 +205,7 @@ def _rows(paths: list[str], tree: str, scratch: str, workers: int, with_decord: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m convert.bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.conversion", description=__doc__)
     p.add_argument("--shared", default=DEFAULT_SHARED, help="folder with the real test videos")
     p.add_argument("--videos", default="50,200",
                    help="comma-separated job sizes: each uses the real videos in turn, as that many videos")

@@ -1,14 +1,15 @@
 """``DaliTFRecordLoader``: TFRecord conversions read, decoded and cropped by DALI's own operators.
 
 No Python touches a sample: ``fn.readers.tfrecord`` reads the records of
-every shard (through their index files) and shards them over ranks, the
-codec's DALI stage decodes them (``Codec.dali_decode``: nvJPEG for jpeg,
-the GPU inflate over per-frame LZ4 blocks for lz4, a reshape for raw), and
+every shard (through their index files; the feature spec derived from the
+writer's schema) and shards them over ranks, the payload's DALI graph
+decodes them (``loaders.dali.graphs``: nvJPEG for jpeg, the GPU inflate over
+per-frame LZ4 blocks for lz4, a reshape for raw), and
 one ``fn.crop_mirror_normalize`` cuts the crop (and the temporal window),
 flips and normalises on the device. With ``device_id=None`` the same graph
 runs on DALI's CPU backend (raw and jpeg; DALI has no CPU inflate).
 
-How an epoch is read (DALI >= 2.2):
+How an epoch is read:
 
 - **Sharding**: rank r reads DALI shard r, the contiguous range
   ``[N*r // S, N*(r+1) // S)`` of the records in the epoch's file order
@@ -58,16 +59,6 @@ manifest's clip order (``open_clips``'s numbering).
 
 from __future__ import annotations
 
-try:
-    import nvidia.dali as dali
-    import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
-    import nvidia.dali.tfrecord as tfrec
-    import nvidia.dali.types as types
-    from nvidia.dali.pipeline import Pipeline
-except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shared library is not
-    raise ImportError(f"loaders.dali_native needs NVIDIA DALI: pip install nvidia-dali-cuda120 ({_exc})") from None
-
 import base64
 import functools
 import math
@@ -79,36 +70,34 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from convert.format import WRITE_CODECS
-from convert.format.codecs import PerFrameCodec
+from convert.format import FormatError
+from convert.format.tfrecord.schema import BY_NAME
 
-from .clipstore import DatasetError
-from .dali import DaliLoaderBase, _check_int, _to_torch, pipeline_options
-from .presets import ClipPreset, _centre
+from ..presets import ClipPreset, _centre
+from .base import (DaliLoaderBase, Pipeline, check_int, dali, dmath, fn, pipeline_options, run_pipeline, tfrec,
+                   to_torch, types)
+from .graphs import cpu_codecs, graph_for
 
-# fn.readers.tfrecord's shuffle_after_epoch (file order per epoch) arrived in DALI 2.2.
-MIN_DALI = (2, 2)
 _GOLDEN = 0.6180339887498949
-_FEATURES = {
-    "payload": tfrec.FixedLenFeature((), tfrec.string, ""),
-    "part_offsets": tfrec.VarLenFeature(tfrec.int64, 0),
-    "part_sizes": tfrec.VarLenFeature(tfrec.int64, 0),
-    "shape": tfrec.FixedLenFeature([4], tfrec.int64, 0),
-    "label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
-    "video_id": tfrec.FixedLenFeature((), tfrec.string, ""),
-    "clip_index": tfrec.FixedLenFeature([1], tfrec.int64, -1),
-}
-
-__all__ = ["DaliTFRecordLoader", "MIN_DALI", "cpu_codecs", "padded_steps", "shard_sizes"]
+# The features the pipeline reads, in FORMAT.md's schema (convert.format.tfrecord.schema).
+READ = ("payload", "part_offsets", "part_sizes", "shape", "label", "video_id", "clip_index")
 
 
-def cpu_codecs() -> list[str]:
-    """Names of the codecs DALI decodes on its CPU backend."""
-    return [name for name, cls in WRITE_CODECS.items() if cls.dali_cpu]
+def reader_features(names: tuple[str, ...] = READ) -> dict[str, Any]:
+    """``fn.readers.tfrecord``'s feature spec for ``names``, derived from the schema the writer uses."""
+    spec = {}
+    for name in names:
+        f = BY_NAME[name]
+        if f.kind == "bytes":
+            spec[name] = tfrec.FixedLenFeature((), tfrec.string, "")
+        elif f.length is None:
+            spec[name] = tfrec.VarLenFeature(tfrec.int64, 0)
+        else:
+            spec[name] = tfrec.FixedLenFeature([f.length], tfrec.int64, -1)
+    return spec
 
 
-def _dali_version() -> tuple[int, ...]:
-    return tuple(int(p) for p in dali.__version__.split(".")[:2] if p.isdigit())
+__all__ = ["READ", "DaliTFRecordLoader", "padded_steps", "reader_features", "shard_sizes"]
 
 
 def _seed(*key: int) -> int:
@@ -176,7 +165,7 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
                      "shuffle_after_epoch_seed": _seed(seed, epoch, 2)}
         else:
             order = {"stick_to_shard": True}
-        rec = fn.readers.tfrecord(path=files, index_path=indexes, features=_FEATURES, shard_id=shard,
+        rec = fn.readers.tfrecord(path=files, index_path=indexes, features=reader_features(), shard_id=shard,
                                   num_shards=shards, pad_last_batch=True, name="reader", **order)
         shape = rec["shape"]
         h, w = shape[1], shape[2]
@@ -201,7 +190,8 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         offsets = fn.cast(rec["part_offsets"], dtype=types.INT32)  # DALI's int arguments take int32 only
         sizes = fn.cast(rec["part_sizes"], dtype=types.INT32)
         decoded_frames = frames_all
-        if isinstance(codec, PerFrameCodec) and frames < frames_all:
+        graph = graph_for(codec)
+        if codec.payload.layout == "frames" and frames < frames_all:
             if train:
                 start = fn.cast(t0, dtype=types.INT32)
                 offsets = fn.slice(offsets, start=start, shape=frames, axes=[0])
@@ -209,9 +199,9 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
             else:
                 offsets, sizes = offsets[t0:t0 + frames], sizes[t0:t0 + frames]
             t0, decoded_frames = 0, frames
-        if where == "gpu" and not codec.decode_on_host:
+        if where == "gpu" and not graph.host_input:
             data = data.gpu()
-        clips = codec.dali_decode(data, shape=fn.cast(shape, dtype=types.INT32), offsets=offsets, sizes=sizes,
+        clips = graph.decode(data, shape=fn.cast(shape, dtype=types.INT32), offsets=offsets, sizes=sizes,
                                   frames=decoded_frames, device=where)
         # As a volume (D = time), one crop_mirror_normalize cuts the window and the square together.
         clips = fn.reshape(clips, layout="DHWC")
@@ -267,10 +257,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
     def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, threads: int = 2,
                  prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0) -> None:
-        if _dali_version() < MIN_DALI:
-            raise ImportError(f"the native DALI route needs nvidia-dali >= {'.'.join(map(str, MIN_DALI))} "
-                              f"(fn.readers.tfrecord's shuffle_after_epoch); found {dali.__version__}")
-        threads = _check_int("threads", threads, 1)
+        threads = check_int("threads", threads, 1)
         if isinstance(shuffle_buffer_mb, bool) or not isinstance(shuffle_buffer_mb, (int, float)) \
                 or not shuffle_buffer_mb > 0:
             raise ValueError(f"shuffle_buffer_mb must be a number > 0, got {shuffle_buffer_mb!r}")
@@ -278,22 +265,22 @@ class DaliTFRecordLoader(DaliLoaderBase):
                     device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize)
         self.threads = threads
         manifest = self.store.manifest
-        if manifest.get("backend") != "tfrecord":
-            raise ValueError(f"{root}: holds {manifest.get('backend', 'lmdb')} shards; DALI's native reader reads "
+        if manifest.data.backend != "tfrecord":
+            raise ValueError(f"{root}: holds {manifest.data.backend} shards; DALI's native reader reads "
                              f"TFRecord conversions only (use loaders.dali.DaliClipLoader)")
-        if device_id is None and not self.store.codec.dali_cpu:
+        if device_id is None and not graph_for(self.store.codec).cpu:
             raise ValueError(f"{root}: codec {self.codec} needs a GPU in DALI (no CPU inflate); on DALI's CPU "
                              f"backend (device_id=None) the native route reads {', '.join(cpu_codecs())}")
         preset = self.preset
         if not self._stored_shape:
-            short = int(manifest["frame_size"]["short_side"])
+            short = int(manifest.data.frame_size.short_side or 0)
             if preset.multiscale is None and preset.crop_size > short:
                 raise ValueError(f"crop_size {preset.crop_size} does not fit frames of short side {short}")
         self._files, self._indexes = [], []
-        for s in manifest["shards"]:
-            for f in s.get("files", []):
-                self._files.append(os.path.join(self.store.root, s["path"], f["path"]))
-                self._indexes.append(os.path.join(self.store.root, s["path"], f["index"]))
+        for s in manifest.shards:
+            for f in s.extras.get("files", []):
+                self._files.append(os.path.join(self.store.root, s.path, f["path"]))
+                self._indexes.append(os.path.join(self.store.root, s.path, f["index"]))
         n, world = len(self.store), self.world_size
         if n < world:
             raise ValueError(f"{root}: {n} clips cannot be shared by {world} ranks")
@@ -301,7 +288,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         self._real = shard_sizes(n, world)[self.rank]
         self._steps = padded_steps(n, world, self.batch_size)
         # The shuffle buffer holds whole records: size it in bytes (raw clips are ~1 MB, jpeg ~50 kB).
-        mean_bytes = sum(s["value_bytes"] for s in manifest["shards"]) / max(1, n)
+        mean_bytes = manifest.totals.value_bytes / max(1, n)
         self.initial_fill = int(min(max(shard_sizes(n, world)), max(self.batch_size,
                                                                      shuffle_buffer_mb * 2**20 // mean_bytes)))
         firsts = np.cumsum(self.store.video_clips) - self.store.video_clips
@@ -448,14 +435,13 @@ class DaliTFRecordLoader(DaliLoaderBase):
                       normalize=self.normalize, checkpoint=checkpoint, build=build)
 
     def _run(self, pipe: Pipeline, stream: Any) -> Any:
+        """The pipeline's next outputs; on a failure the pipeline is closed and ``run_pipeline``'s FormatError
+        raised."""
         try:
-            return pipe.run(stream) if stream is not None else pipe.run()
-        except RuntimeError as exc:
+            return run_pipeline(pipe, stream, self.root)
+        except FormatError:
             self.close()
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            why = next((ln for ln in lines if "rror" in ln and "pipeline" not in ln.lower()), lines[0] if lines
-                       else type(exc).__name__)
-            raise DatasetError(f"{self.root}: DALI could not read the conversion: {why}") from exc
+            raise
 
     def _batch(self, outs: Any, start: int, stream: Any) -> dict | None:
         clips_tl, labels_tl, ids_tl, index_tl = outs
@@ -470,10 +456,10 @@ class DaliTFRecordLoader(DaliLoaderBase):
             index = torch.tensor([self._first[v] + c for v, c in zip(video_ids, clip_index.tolist())],
                                  dtype=torch.int64)
         except KeyError as exc:
-            raise DatasetError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
+            raise FormatError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
                                f"do not list") from None
-        return {"clip": _to_torch(clips_tl, self.device, stream)[:n],
-                "label": _to_torch(labels_tl, self.device, stream).reshape(-1)[:n],
+        return {"clip": to_torch(clips_tl, self.device, stream)[:n],
+                "label": to_torch(labels_tl, self.device, stream).reshape(-1)[:n],
                 "video_id": video_ids, "clip_index": clip_index, "index": index,
                 "padding": torch.arange(n) >= real}
 

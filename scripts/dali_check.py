@@ -1,10 +1,10 @@
-"""``python -m loaders.dali``: the DALI routes checked against the plain readers (GPU by default).
+"""``python scripts/dali_check.py``: the DALI routes checked against the plain readers (GPU by default).
 
 Two routes, both checked unless ``--route`` picks one:
 
 - ``source``: ``DaliClipLoader`` (``fn.external_source``) on small synthetic
   LMDB conversions (raw, lz4): train, multi-scale and eval batches over two
-  epochs and a mid-epoch resume against ``LmdbClipDataset``, then
+  epochs and a mid-epoch resume against ``ClipDataset``, then
   ``normalize=True`` against ``to_model_input``.
 - ``native``: ``DaliTFRecordLoader`` (DALI's own TFRecord reader) on
   synthetic TFRecord conversions (raw, lz4, jpeg; about 740 clips each):
@@ -25,6 +25,7 @@ ones (LMDB ones take the source route, TFRecord ones both).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Sequence
@@ -32,11 +33,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from convert.system import cpu_count
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, when not installed
 
-from .clipstore import DatasetError, open_clips
-from .dali import DaliClipLoader
-from .presets import ClipPreset
+from convert.format import FormatError, open_clips  # noqa: E402
+from convert.format.system import cpu_count  # noqa: E402
+from loaders import ClipDataset, ClipPreset, to_model_input  # noqa: E402
+from loaders.dali import DaliClipLoader, DaliTFRecordLoader  # noqa: E402
+from loaders.dali.graphs import cpu_codecs  # noqa: E402
 
 ROUTES = ("both", "native", "source")
 NATIVE_CODECS = ("raw", "lz4", "jpeg")
@@ -57,12 +60,10 @@ def _synth_roots(base: str, codecs: Sequence[str], *, backend: str = "lmdb", per
 
 def _check_against_lmdb(root: str, preset: ClipPreset, *, device_id: int | None, batch_size: int, workers: int,
                         tolerance: int) -> dict:
-    """Two epochs and a resume of the DALI loader, each batch compared with ``LmdbClipDataset``."""
-    from .dataset import LmdbClipDataset
-
+    """Two epochs and a resume of the DALI loader, each batch compared with ``ClipDataset``."""
     loader = DaliClipLoader(root, train=preset.train, batch_size=batch_size, preset=preset, device_id=device_id,
                             workers=workers)
-    ds = LmdbClipDataset(root, train=preset.train, preset=preset)
+    ds = ClipDataset(root, train=preset.train, preset=preset)
     worst, clips, start = 0, 0, time.perf_counter()
     with loader:
         for epoch, position in ((0, 0), (1, 0), (1, batch_size)):
@@ -95,11 +96,8 @@ def _check_against_lmdb(root: str, preset: ClipPreset, *, device_id: int | None,
 
 def _check_normalize(root: str, *, device_id: int | None, batch_size: int, workers: int) -> float:
     """Largest difference between DALI's normalised output and ``to_model_input`` of the LMDB batch."""
-    from .dataset import LmdbClipDataset
-    from .presets import to_model_input
-
     preset = ClipPreset(train=True, seed=1)
-    ds = LmdbClipDataset(root, train=True, preset=preset)
+    ds = ClipDataset(root, train=True, preset=preset)
     worst = 0.0
     with DaliClipLoader(root, train=True, batch_size=batch_size, preset=preset, device_id=device_id,
                         workers=workers, normalize=True) as loader:
@@ -135,7 +133,7 @@ def gpu_self_check(root: str | None = None, *, device_id: int | None = 0, batch_
     with tempfile.TemporaryDirectory(prefix="dali_check_") as tmp:
         roots = [root] if root is not None else _synth_roots(tmp, codecs)
         for r in roots:
-            name = open_clips(r).manifest["codec"] if root is None else r
+            name = open_clips(r).manifest.data.codec if root is None else r
             presets = {"train": (ClipPreset(train=True, seed=1, clip_len=8), 0),
                        "multiscale": (ClipPreset(train=True, seed=1, multiscale=(1.0, 0.875, 0.75, 0.66)), 2),
                        "eval": (ClipPreset(train=False, seed=1), 0)}
@@ -155,10 +153,9 @@ def gpu_self_check(root: str | None = None, *, device_id: int | None = 0, batch_
 
 def _crop_for(root: str) -> int:
     """C3D's 112, or less where the frames are smaller (small test conversions)."""
-    manifest = open_clips(root).manifest
-    shape = manifest.get("clip_shape")
-    short = min(shape[1], shape[2]) if shape else manifest["frame_size"]["short_side"]
-    return min(112, int(short))
+    data = open_clips(root).manifest.data
+    short = min(data.clip_shape[1], data.clip_shape[2]) if data.clip_shape else data.frame_size.short_side
+    return min(112, int(short or 112))
 
 
 def define_gpu_graphs(root: str, device_id: int = 0) -> list[str]:
@@ -168,8 +165,6 @@ def define_gpu_graphs(root: str, device_id: int = 0) -> list[str]:
     defined, so this runs on a machine without CUDA; the codec of ``root``
     needs no CPU decoder here.
     """
-    from .dali_native import DaliTFRecordLoader
-
     done = []
     crop = _crop_for(root)
     for label, preset in (("train", ClipPreset(train=True, clip_len=8, crop_size=crop)),
@@ -186,9 +181,6 @@ def define_gpu_graphs(root: str, device_id: int = 0) -> list[str]:
 def _native_values(root: str, *, device_id: int | None, batch_size: int, threads: int, tolerance: int,
                    batches: int) -> int:
     """Largest difference of the first ``batches`` evaluation batches from ``ClipDataset`` (``open_clips``' clips)."""
-    from .dataset import ClipDataset
-    from .dali_native import DaliTFRecordLoader
-
     preset = ClipPreset(train=False, crop_size=_crop_for(root))
     ds = ClipDataset(root, train=False, preset=preset)
     worst = 0
@@ -215,8 +207,6 @@ def _native_values(root: str, *, device_id: int | None, batch_size: int, threads
 
 def _native_resume(root: str, *, device_id: int | None, batch_size: int, threads: int) -> int:
     """Batches after a resume from DALI's checkpoint equal the uninterrupted epoch's: how many were compared."""
-    from .dali_native import DaliTFRecordLoader
-
     preset = ClipPreset(train=True, seed=1, clip_len=8, crop_size=_crop_for(root))
 
     def loader() -> DaliTFRecordLoader:
@@ -241,10 +231,8 @@ def _native_resume(root: str, *, device_id: int | None, batch_size: int, threads
 
 def _native_speed(root: str, *, device_id: int | None, batch_size: int, threads: int, epochs: int) -> dict:
     """clips/s and GB/s of training batches (random crop, flip, normalise), each epoch's first batch not timed."""
-    from .dali_native import DaliTFRecordLoader
-
     store = open_clips(root)
-    record_bytes = sum(s["value_bytes"] for s in store.manifest["shards"]) / len(store)
+    record_bytes = store.manifest.totals.value_bytes / len(store)
     clips, seconds = 0, 0.0
     preset = ClipPreset(train=True, seed=1, crop_size=_crop_for(root))
     with DaliTFRecordLoader(root, train=True, batch_size=batch_size, device_id=device_id, threads=threads,
@@ -281,8 +269,6 @@ def native_self_check(roots: Sequence[str] | None = None, *, device_id: int | No
     """
     import tempfile
 
-    from .dali_native import cpu_codecs
-
     threads = threads or max(1, min(8, cpu_count()))
     results: dict = {"device": _device_name(device_id)}
     with tempfile.TemporaryDirectory(prefix="dali_native_check_") as tmp:
@@ -292,12 +278,12 @@ def native_self_check(roots: Sequence[str] | None = None, *, device_id: int | No
             roots = _synth_roots(tmp, todo, backend="tfrecord", per_class=4, seconds=3.0, step=2)
         for root in roots:
             store = open_clips(root)
-            codec = store.manifest["codec"]
+            codec = store.manifest.data.codec
             if device_id is None and codec not in cpu_codecs():
                 results[codec] = {"skipped": "no CPU decoder in DALI"}
                 print(f"  native {codec:<5} skipped: DALI decodes it on the GPU only", flush=True)
                 continue
-            tolerance = 0 if store.codec.lossless or device_id is None else 2
+            tolerance = 0 if store.codec.payload.lossless or device_id is None else 2
             row: dict = {"max_diff": _native_values(root, device_id=device_id, batch_size=min(batch_sizes),
                                                     threads=threads, tolerance=tolerance, batches=check_batches)}
             row["resume"] = _native_resume(root, device_id=device_id, batch_size=min(batch_sizes), threads=threads)
@@ -310,11 +296,11 @@ def native_self_check(roots: Sequence[str] | None = None, *, device_id: int | No
     return results
 
 
-def _main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     import argparse
     import tempfile
 
-    p = argparse.ArgumentParser(prog="python -m loaders.dali", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python scripts/dali_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("roots", nargs="*", help="conversions to check (default: small synthetic ones)")
     p.add_argument("--device", default="0", help="CUDA device number, or 'cpu' for DALI's CPU backend")
     p.add_argument("--route", choices=ROUTES, default="both")
@@ -326,7 +312,7 @@ def _main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     device_id = None if args.device == "cpu" or args.smoke else int(args.device)
     batch_sizes = (4, 8) if args.smoke else tuple(int(b) for b in args.batch_sizes.split(","))
-    backends = {r: open_clips(r).manifest["backend"] for r in args.roots}
+    backends = {r: open_clips(r).manifest.data.backend for r in args.roots}
     try:
         if args.route in ("both", "source"):
             for root in args.roots or [None]:
@@ -344,9 +330,9 @@ def _main(argv: Sequence[str]) -> int:
                 roots = [r for r in args.roots if backends[r] == "tfrecord"] or \
                     _synth_roots(tmp, NATIVE_CODECS, backend="tfrecord", per_class=1)
                 for root in roots:
-                    codec = open_clips(root).manifest["codec"]
+                    codec = open_clips(root).manifest.data.codec
                     print(f"  gpu graphs {codec:<5} defined: {', '.join(define_gpu_graphs(root))}", flush=True)
-    except (RuntimeError, ValueError, DatasetError) as exc:
+    except (RuntimeError, ValueError, FormatError) as exc:
         print(f"DALI check FAILED: {exc}")
         return 1
     print("DALI check passed")
@@ -354,4 +340,4 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

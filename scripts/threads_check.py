@@ -1,4 +1,4 @@
-"""``python -m loaders.threads_check [ROOT] --device 0``: the threaded loader's pinned ring against a real GPU.
+"""``python scripts/threads_check.py [ROOT] --device 0``: the threaded loader's pinned ring against a real GPU.
 
 Each batch of ``build_loader(threads=N)`` is copied to the device with
 ``non_blocking=True`` behind a deliberately slow GPU kernel, so the copies
@@ -14,13 +14,15 @@ does).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 
 import torch
 
-from .dataset import ClipDataset
-from .factory import build_loader
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, when not installed
+
+from loaders import ClipDataset, build_loader  # noqa: E402
 
 
 def check(root: str, *, device: str, threads: int = 2, batch_size: int = 8, epochs: int = 2,
@@ -53,7 +55,7 @@ def check(root: str, *, device: str, threads: int = 2, batch_size: int = 8, epoc
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loaders.threads_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python scripts/threads_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("root", nargs="?", help="a finished conversion (default: small synthetic raw, lz4 and jpeg ones)")
     p.add_argument("--device", default="0", help="CUDA device number, or cpu (default 0)")
     p.add_argument("--threads", type=int, default=2)

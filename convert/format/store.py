@@ -10,18 +10,18 @@ from several threads. Imports neither torch nor PyAV.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from convert.format import (PLAN, ClipHeader, Codec, FormatError, ShardReader, check_crc, check_plan,
-                            check_shard_meta, codec_for_id, codec_of_manifest, get_backend, read_manifest)
-
-# One error type for everything wrong with a conversion folder on the read side.
-DatasetError = FormatError
+from .backends import get_backend
+from .base import ShardReader
+from .codecs import Codec, codec_for_id
+from .errors import FormatError
+from .layout import ClipHeader, check_crc
+from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,15 @@ class ClipStore(Sequence):
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
-        self.manifest = read_manifest(self.root)
-        self.backend = get_backend(self.manifest["backend"])
-        self.codec: Codec = codec_of_manifest(self.manifest)
-        self.classes: list[str] = list(self.manifest["classes"])
+        self.manifest: Manifest = read_manifest(self.root)
+        self.backend = get_backend(self.manifest.data.backend)
+        self.codec: Codec = codec_for_id(self.manifest.data.codec_id)
+        self.classes: list[str] = list(self.manifest.classes)
         check_plan(self.root, self.manifest)
-        self.shard_paths = [os.path.join(self.root, s["path"]) for s in self.manifest["shards"]]
+        self.shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
         self._readers: dict[int, ShardReader] = {}
         shard_of, ids, labels, counts = [], [], [], []
-        for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest["shards"])):
+        for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest.shards)):
             reader = self.reader(si)
             check_shard_meta(reader.meta, self.manifest, si, path)
             n = 0
@@ -58,8 +58,8 @@ class ClipStore(Sequence):
                     labels.append(rec.label)
                     counts.append(rec.clips)
                     n += rec.clips
-            if n != meta["clips"]:
-                raise DatasetError(f"{path}: holds {n} clips, manifest says {meta['clips']} (truncated or replaced?)")
+            if n != meta.clips:
+                raise FormatError(f"{path}: holds {n} clips, manifest says {meta.clips} (truncated or replaced?)")
         self.video_ids: list[str] = ids
         self.video_labels = np.asarray(labels, dtype=np.int64)
         self.video_shard = np.asarray(shard_of, dtype=np.int32)
@@ -68,7 +68,7 @@ class ClipStore(Sequence):
         self._storage: np.ndarray | None = None
         bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
         if bad.size:
-            raise DatasetError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
+            raise FormatError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
 
     def reader(self, shard: int) -> ShardReader:
         """This process's reader of shard number ``shard`` (opened on first use)."""
@@ -109,22 +109,17 @@ class ClipStore(Sequence):
         """Every clip index once, in the order the clips' bytes lie in the shards (shard by shard).
 
         What ``DistributedClipSampler(order="blocks")`` reads in blocks of.
-        TFRecord shards say where each clip lies (exact). LMDB stores no
-        positions: its writer stored the videos of a shard in the order the
-        job's ``plan.json`` lists them (videos added or retried later come
-        after them), so that order is taken when the plan is there, else the
-        reading order. A wrong guess costs only locality, never a clip.
+        Each shard records it (FORMAT.md, *Storage order*); a shard that does
+        not (written before it was recorded) is taken in reading order. It
+        decides locality only, never which clips are read.
         """
         if self._storage is None:
-            planned = self._planned_order()
             starts = self._ends - self.video_clips
             # A shard's videos are a run of video numbers (shards in manifest order): its bounds.
             bounds = np.searchsorted(self.video_shard, np.arange(len(self.shard_paths) + 1)).tolist()
             videos: list[int] = []
             for si in range(len(self.shard_paths)):
-                ids = self.reader(si).storage_order()
-                if ids is None:
-                    ids = planned.get(self.manifest["shards"][si]["name"], [])
+                ids = self.reader(si).storage_order() or []
                 number = {self.video_ids[v]: v for v in range(bounds[si], bounds[si + 1])}
                 # Each video once (its first place), then those the order does not name, in reading order.
                 mine = dict.fromkeys(number[vid] for vid in ids if vid in number)
@@ -136,15 +131,6 @@ class ClipStore(Sequence):
             order.flags.writeable = False  # cached and shared with every sampler that asks
             self._storage = order
         return self._storage
-
-    def _planned_order(self) -> dict[str, list[str]]:
-        """Shard name -> its video ids in the plan's order (empty without a readable plan.json)."""
-        try:
-            with open(os.path.join(self.root, PLAN)) as fh:
-                plan = json.load(fh)
-            return {s["name"]: [item[0] for item in s["items"]] for s in plan["shards"]}
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            return {}  # only a hint: without it, reading order
 
     def labels(self) -> np.ndarray:
         """The label of every clip, in index order (for samplers)."""
@@ -171,7 +157,7 @@ class ClipStore(Sequence):
 
         ``payload`` may be a view into a shard's memory map, valid only during
         the call (no copy is made). A ``FormatError`` raised by ``fn`` comes
-        back as a ``DatasetError`` naming the shard and the clip.
+        back naming the shard and the clip.
         """
         shards, refs = self.refs(indices)
         order = np.argsort(shards, kind="stable")
@@ -180,16 +166,6 @@ class ClipStore(Sequence):
             positions = group.tolist()
             self.reader(int(shards[group[0]])).visit(
                 [refs[p] for p in positions], lambda k, header, payload: fn(positions[k], header, payload))
-
-    def payloads(self, indices: Sequence[int]) -> list[tuple[ClipHeader, bytes]]:
-        """Headers and copies of the payloads of many clips."""
-        out: list = [None] * len(indices)
-
-        def keep(pos: int, header: ClipHeader, payload: memoryview) -> None:
-            out[pos] = (header, bytes(payload))
-
-        self.visit(indices, keep)
-        return out
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first."""
@@ -224,4 +200,4 @@ def open_clips(root: str) -> ClipStore:
     return ClipStore(root)
 
 
-__all__ = ["ClipSample", "ClipStore", "DatasetError", "open_clips", "read_manifest"]
+__all__ = ["ClipSample", "ClipStore", "open_clips"]

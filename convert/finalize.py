@@ -1,0 +1,59 @@
+"""The end of a job: ``report.jsonl`` and, last, ``manifest.json``, from what the shards hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict
+
+from .format import FORMAT_VERSION, MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from .format.layout import write_json_atomic
+from .format.manifest import Totals
+from .plan import Plan
+
+
+def manifest_entry(summary: dict, out: str, plan: Plan) -> ShardEntry:
+    """The manifest's entry of a shard from its summary (``finish``'s, plus ``index``), with the backend's extras."""
+    path = plan.shard_path(out, summary["index"])
+    extras = get_backend(plan.config.backend).manifest_extras
+    return ShardEntry(name=os.path.basename(path), path=os.path.relpath(path, out), index=summary["index"],
+                      **{k: summary[k] for k in SUMMARY_KEYS},
+                      extras={k: summary[k] for k in extras if k in summary})
+
+
+def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
+    """Write report.jsonl and, last, manifest.json from what the shards hold; returns the manifest."""
+    backend = get_backend(plan.config.backend)
+    statuses: Counter = Counter()
+    records = [asdict(p) for p in plan.problems]
+    statuses.update(p.status for p in plan.problems)
+    shards = []
+    for s in sorted(summaries, key=lambda s: s["index"]):
+        reader = backend.reader(plan.shard_path(out, s["index"]))
+        try:
+            shard_records = reader.records()
+        finally:
+            reader.close()
+        for rec in shard_records:
+            statuses[rec.status] += 1
+            if rec.status != "ok":
+                records.append({"id": rec.video_id, "path": rec.path, "status": rec.status, "reason": rec.reason})
+        shards.append(manifest_entry(s, out, plan))
+    tmp = os.path.join(out, REPORT + ".tmp")
+    with open(tmp, "w") as fh:
+        for r in sorted(records, key=lambda r: r["id"]):
+            fh.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, os.path.join(out, REPORT))
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, data=plan.config.data_spec(plan.classes), shards=tuple(shards),
+        totals=Totals(videos=sum(s.videos for s in shards), clips=sum(s.clips for s in shards),
+                      value_bytes=sum(s.value_bytes for s in shards)),
+        status_counts=dict(sorted(statuses.items())), source=dict(plan.source),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    write_json_atomic(os.path.join(out, MANIFEST), manifest.to_dict(), indent=1)
+    return manifest
+
+
+__all__ = ["finalize", "manifest_entry"]

@@ -1,0 +1,32 @@
+"""The backend registry: the manifest's ``backend`` name -> its writer, reader and options.
+
+Adding a backend: a subpackage holding its writer, reader and options
+(``convert.format.base`` says what they must offer), one line here, and one
+section of FORMAT.md.
+"""
+
+from __future__ import annotations
+
+from .base import Backend
+from .errors import FormatError
+from .lmdb import LmdbOptions, LmdbReader, LmdbWriter
+from .tfrecord import TFRecordOptions, TFRecordReader, TFRecordWriter
+
+BACKENDS: dict[str, Backend] = {
+    "lmdb": Backend(name="lmdb", summary="one LMDB environment per shard, one key per clip", writer=LmdbWriter,
+                    reader=LmdbReader, options=LmdbOptions),
+    "tfrecord": Backend(name="tfrecord", summary="tf.train.Example records with DALI index files, read natively "
+                        "by DALI", writer=TFRecordWriter, reader=TFRecordReader, options=TFRecordOptions,
+                        manifest_extras=("files",)),
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; the error lists those that exist."""
+    backend = BACKENDS.get(name)
+    if backend is None:
+        raise FormatError(f"unknown backend {name!r}; this reader knows {', '.join(BACKENDS)}")
+    return backend
+
+
+__all__ = ["BACKENDS", "get_backend"]

@@ -1,0 +1,173 @@
+"""What the LMDB writer and reader share: the key layout, the process's read handles, checked opening.
+
+Keys (bytes, main database; FORMAT.md, *LMDB shards*):
+  ``c/<video id>/<clip index, at least 6 digits>``  a clip value: header, video id, payload
+  ``m/done/<video id>``                              the video's record (JSON)
+  ``m/shard``                                        the shard's metadata (JSON)
+  ``m/order``                                        ids of the videos with clips, in the order their values lie
+  ``m/complete``                                     the summary, once the shard is finished
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import lmdb
+
+from ..errors import FormatError
+from ..records import MAX_RECORD_BYTES, VideoRecord
+
+CLIP_PREFIX = b"c/"
+DONE_PREFIX = b"m/done/"
+SHARD_KEY = b"m/shard"
+COMPLETE_KEY = b"m/complete"
+ORDER_KEY = b"m/order"
+DATA_FILE = "data.mdb"
+
+
+
+def clip_key(video_id: str, clip_index: int) -> bytes:
+    """Key of clip ``clip_index`` of ``video_id``: ``c/<video_id>/<index, zero-padded to 6 digits>``."""
+    return CLIP_PREFIX + video_id.encode("utf-8") + b"/%06d" % clip_index
+
+
+def done_key(video_id: str) -> bytes:
+    """Key of the per-video record committed with the video's clips."""
+    return DONE_PREFIX + video_id.encode("utf-8")
+
+
+class ShardTruncated(OSError):
+    """A data file shorter than its own meta page says (reading on would SIGBUS)."""
+
+
+def used_bytes(env: lmdb.Environment) -> int:
+    return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+
+class HandleCache:
+    """This process's read-only environments, one per shard, opened once under a lock.
+
+    py-lmdb refuses to open an environment twice in one process, readers run
+    in threads, and a handle must not cross a fork: the cache opens each
+    environment once (under its lock), keys it by real path, and a forked
+    child drops what it inherited the first time it asks (closing a handle
+    there unmaps it in the child only; the parent's stays valid). The child
+    is noticed by its process id, not by a fork hook registered at import.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._envs: dict[str, lmdb.Environment] = {}
+        self._pid = os.getpid()
+        self._real: dict[str, str] = {}
+
+    def _after_fork(self) -> None:
+        # Only the forking thread exists in the child: a lock held by another
+        # parent thread would never be released, so replace it (before taking it).
+        self._lock = threading.Lock()
+        envs, self._envs = self._envs, {}
+        self._pid = os.getpid()
+        for env in envs.values():
+            try:
+                env.close()
+            except lmdb.Error:
+                pass  # a reopen that still fails reports its own reason
+
+    def _realpath(self, path: str) -> str:
+        real = self._real.get(path)
+        if real is None:
+            real = self._real[path] = os.path.realpath(path)
+        return real
+
+    def get(self, path: str, *, read_around: bool = True) -> lmdb.Environment:
+        """The shared read-only handle on ``path`` (no lock file).
+
+        ``read_around``: whether the kernel's read-around is on for the map, as
+        it is for every reader; taken when the handle is first opened (a
+        benchmark opens one with it off to measure what it buys).
+        """
+        if self._pid != os.getpid():
+            self._after_fork()
+        real = self._realpath(path)
+        env = self._envs.get(real)
+        if env is not None:
+            return env
+        with self._lock:
+            env = self._envs.get(real)
+            if env is None:
+                env = self._envs[real] = open_checked(path, read_around=read_around)
+            return env
+
+    def forget(self, path: str) -> None:
+        """Close the cached handle (before a shard is replaced, compacted or deleted)."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._lock:
+            env = self._envs.pop(self._realpath(path), None)
+        if env is not None:
+            env.close()
+
+    def holds(self, path: str) -> bool:
+        return self._pid == os.getpid() and self._realpath(path) in self._envs
+
+
+def open_checked(path: str, *, read_around: bool = True) -> lmdb.Environment:
+    data = os.path.join(path, DATA_FILE)
+    if not os.path.exists(data):
+        raise FileNotFoundError(f"{path}: shard missing (no {DATA_FILE})")
+    # Read-around on (LMDB's default readahead=True; ``read_around=False`` is
+    # for the benchmark that measures what it buys). py-lmdb touches every
+    # page of a value inside get() (with the GIL released), so with
+    # readahead=False (MADV_RANDOM on the map) a clip that is not in the page
+    # cache comes in one 4 KB page fault at a time, many times slower than
+    # through the kernel's read-around (docs/benchmarks.md, cold reads). The
+    # price: read-around reads whole windows (read_ahead_kb), so random reads
+    # fetch that much around each clip (docs/reading.md, shards larger than
+    # memory).
+    env = lmdb.open(path, readonly=True, lock=False, readahead=read_around, subdir=True, max_dbs=0,
+                    max_readers=2048)
+    # LMDB maps the file and would crash the process with SIGBUS on the first
+    # page past its end: refuse a file shorter than its meta page says.
+    need, have = used_bytes(env), os.path.getsize(data)
+    if have < need:
+        env.close()
+        raise ShardTruncated(f"{data}: shard truncated ({have} bytes, its LMDB meta page needs {need})")
+    return env
+
+
+# This process's read handles, shared by every reader in it.
+HANDLES = HandleCache()
+
+
+def iter_prefix(txn: lmdb.Transaction, prefix: bytes):
+    """(key, value) pairs whose key starts with ``prefix``, in key order."""
+    cur = txn.cursor()
+    if not cur.set_range(prefix):
+        return
+    n = len(prefix)
+    for key, value in cur:
+        if bytes(key[:n]) != prefix:
+            return
+        yield key, value
+
+
+def clip_key_count(txn: lmdb.Transaction) -> int:
+    """Number of ``c/`` keys stored, counted by keys only: a damaged value size must not be followed (it
+    could point past the file)."""
+    cur = txn.cursor()
+    if not cur.set_range(CLIP_PREFIX):
+        return 0
+    return sum(1 for key in cur.iternext(keys=True, values=False) if bytes(key[:2]) == CLIP_PREFIX)
+
+
+def read_records(txn: lmdb.Transaction, where: str, file_size: int) -> list[VideoRecord]:
+    out = []
+    for key, value in iter_prefix(txn, DONE_PREFIX):
+        # A length damaged on disk could point past the end of the file;
+        # copying such a value would crash the process with SIGBUS.
+        if len(value) > min(MAX_RECORD_BYTES, file_size):
+            raise FormatError(f"{where}: record {bytes(key).decode(errors='replace')} claims {len(value)} bytes "
+                              f"(damaged page?)")
+        out.append(VideoRecord.from_bytes(value, where))
+    return out

@@ -1,0 +1,163 @@
+"""The LMDB reader: a finished shard through this process's shared read-only handle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from typing import Sequence
+
+import lmdb
+
+from ..base import ShardReader, Visitor
+from ..errors import FormatError, ShardMissing
+from ..layout import MAX_JSON_BYTES, header_len, unpack_header
+from ..records import VideoRecord
+from .common import (CLIP_PREFIX, COMPLETE_KEY, DATA_FILE, HANDLES, ORDER_KEY, SHARD_KEY, clip_key, clip_key_count,
+                     iter_prefix, read_records)
+
+
+class LmdbReader(ShardReader):
+    """A finished LMDB shard through this process's shared read-only handle."""
+
+    backend = "lmdb"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._opened = not HANDLES.holds(path)  # close() lets go only of a handle this reader opened
+        if not os.path.exists(os.path.join(path, DATA_FILE)):
+            raise ShardMissing(f"{path}: shard missing (no {DATA_FILE})")
+        self._env()  # open now: a missing or damaged shard fails here, not mid-epoch
+        self.file_size = os.path.getsize(os.path.join(path, DATA_FILE))
+        self._records: list[VideoRecord] | None = None
+        with self._txn() as txn:
+            self._meta: dict | None = self._json(txn, SHARD_KEY, "shard metadata")
+            self._complete: dict | None = self._json(txn, COMPLETE_KEY, "shard summary")
+            order = self._json(txn, ORDER_KEY, "storage order")
+        if order is not None and not (isinstance(order, list) and all(isinstance(v, str) for v in order)):
+            raise FormatError(f"{path}: m/order is not a list of video ids")
+        self._order: list[str] | None = order
+
+    def _json(self, txn: lmdb.Transaction, key: bytes, what: str):
+        raw = txn.get(key)
+        if raw is None:
+            return None
+        if len(raw) > min(MAX_JSON_BYTES, self.file_size):
+            raise FormatError(f"{self.path}: {key.decode()} claims {len(raw)} bytes (damaged page?)")
+        try:
+            return json.loads(bytes(raw))
+        except (ValueError, RecursionError) as exc:
+            raise FormatError(f"{self.path}: the {what} ({key.decode()}) is not valid JSON: {exc}") from exc
+
+    def _env(self) -> lmdb.Environment:
+        # Asked of the process-wide cache on every use, never kept: a reader
+        # that crossed a fork (DataLoader and DALI workers) must not use the
+        # handle its parent had open.
+        try:
+            return HANDLES.get(self.path)
+        except (OSError, lmdb.Error) as exc:
+            raise FormatError(str(exc) if isinstance(exc, OSError) else f"{self.path}: shard cannot be opened: "
+                              f"{exc}") from exc
+
+    def _txn(self):
+        try:
+            return self._env().begin(buffers=True)
+        except lmdb.Error as exc:
+            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+
+    @property
+    def meta(self) -> dict | None:
+        # Version 1 stored only {"codec": name} under m/shard.
+        return self._meta if isinstance(self._meta, dict) and "format_version" in self._meta else None
+
+    def complete(self) -> dict | None:
+        return self._complete
+
+    def records(self) -> list[VideoRecord]:
+        if self._records is None:
+            try:
+                with self._txn() as txn:
+                    self._records = read_records(txn, self.path, self.file_size)
+            except lmdb.Error as exc:
+                raise FormatError(f"{self.path}: read failed: {exc}") from exc
+        return self._records
+
+    def storage_order(self) -> list[str] | None:
+        return self._order
+
+    def _value(self, txn: lmdb.Transaction, video_id: str, clip_index: int):
+        """(header, payload view) of one clip; its stored length checked before anything past the header is read."""
+        value = txn.get(clip_key(video_id, clip_index))
+        if value is None:
+            raise FormatError(f"{self.where(video_id, clip_index)}: missing")
+        if len(value) > self.file_size:
+            raise FormatError(f"{self.where(video_id, clip_index)}: value claims {len(value)} bytes, more than the "
+                              f"{self.file_size}-byte file (damaged page?)")
+        try:
+            header = unpack_header(value, value_len=len(value))
+        except FormatError as exc:
+            raise FormatError(f"{self.where(video_id, clip_index)}: {exc}") from exc
+        if (header.video_id, header.clip_index) != (video_id, clip_index):
+            raise FormatError(f"{self.where(video_id, clip_index)}: header says {header.video_id!r} clip "
+                              f"{header.clip_index}")
+        return value, header
+
+    def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
+        try:
+            with self._txn() as txn:
+                for pos, (vid, c) in enumerate(clips):
+                    value, header = self._value(txn, vid, c)
+                    try:
+                        fn(pos, header, value[header.offset:])
+                    except FormatError as exc:
+                        raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
+        except lmdb.Error as exc:
+            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+
+    def iter_clips(self):
+        try:
+            with self._txn() as txn:
+                for rec in self.records():
+                    for c in range(rec.clips):
+                        value, header = self._value(txn, rec.video_id, c)
+                        yield value[:header.offset], header, value[header.offset:]
+        except lmdb.Error as exc:
+            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+
+    def clip_keys(self) -> int:
+        """Number of ``c/`` keys actually stored (verify compares it with the records)."""
+        with self._txn() as txn:
+            return clip_key_count(txn)
+
+    def checksum(self, version: int) -> str:
+        if version >= 2:
+            return super().checksum(version)
+        # Version 1: over (key length, key, value length, header) of every
+        # c/ key in LMDB key order.
+        h = hashlib.sha256()
+        with self._txn() as txn:
+            for key, value in iter_prefix(txn, CLIP_PREFIX):
+                if len(value) > self.file_size:
+                    raise FormatError(f"{self.path}: {bytes(key).decode(errors='replace')}: value claims "
+                                      f"{len(value)} bytes (damaged page?)")
+                h.update(struct.pack("<I", len(key)))
+                h.update(key)
+                h.update(struct.pack("<Q", len(value)))
+                h.update(value[:header_len(value)])
+        return h.hexdigest()
+
+    def check_storage(self) -> list[str]:
+        held, stored = sum(r.clips for r in self.records()), self.clip_keys()
+        return [] if held == stored else [f"{self.path}: video records count {held} clips, shard holds {stored}"]
+
+    def where(self, video_id: str, clip_index: int) -> str:
+        return f"{self.path}: {clip_key(video_id, clip_index).decode(errors='replace')}"
+
+    def close(self) -> None:
+        if self._opened:
+            HANDLES.forget(self.path)
+            self._opened = False
+
+
+__all__ = ["LmdbReader"]

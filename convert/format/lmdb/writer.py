@@ -1,0 +1,299 @@
+"""The LMDB writer: one environment per shard, one key per clip, one write transaction per video.
+
+A video's clips and its record commit together, so after kill -9 a video is
+either wholly in the shard or wholly absent; a restart skips what is done.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+from typing import Callable, Iterator
+
+import lmdb
+import numpy as np
+
+from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
+from ..errors import ShardDamaged, StoreError, StoreFullError, store_error, storing
+from ..layout import header_len
+from ..records import VideoRecord
+from .common import (CLIP_PREFIX, COMPLETE_KEY, DATA_FILE, ORDER_KEY, SHARD_KEY, ShardTruncated, clip_key,
+                     clip_key_count, done_key, iter_prefix, open_checked, read_records, used_bytes)
+from .options import LmdbOptions
+
+log = logging.getLogger(__name__)
+
+MIN_MAP_SIZE = 1 << 20
+DEFAULT_MAP_SIZE = 64 << 20
+HEADROOM = 1.5  # reserve 1.5x a video's estimated bytes before writing it
+SLACK = 64 << 20  # extra map (and reserved file) beyond the next video's need
+MAX_GROWTHS = 40
+
+
+class LmdbWriter(ShardWriter):
+    """Writes ``<path>/data.mdb``; the map grows on demand and never loses a clip."""
+
+    backend = "lmdb"
+
+    def __init__(self, *, path: str, codec: str, meta: dict, options: LmdbOptions | None = None) -> None:
+        super().__init__(path=path, codec=codec, meta=meta, options=options)
+        self.options = options = options or LmdbOptions()
+        self._recover_compaction()
+        os.makedirs(path, exist_ok=True)
+        if os.path.exists(os.path.join(path, DATA_FILE)):
+            # A damaged file (truncated, not LMDB) must fail here with its
+            # cause: writing into it could SIGBUS on pages past its end.
+            try:
+                open_checked(path).close()
+            except (lmdb.Error, ShardTruncated) as exc:
+                raise ShardDamaged(f"{path}: cannot be opened: {type(exc).__name__}: {exc}") from exc
+        # No fsync per commit: after kill -9 a committed transaction is still
+        # whole (the page cache holds it) and an uncommitted one is absent; only
+        # a machine crash could lose recent videos, which a rerun redoes. The
+        # shard is synced once, when it is finished.
+        # writemap: LMDB writes values straight into the file mapping instead of
+        # malloc'd pages it then copies out at commit, which measured faster
+        # (docs/benchmarks.md). Writing into a mapping on a full disk raises
+        # SIGBUS instead of an error, so every page the map can reach is
+        # reserved on disk first (``_reserve``).
+        try:
+            self.env = lmdb.open(path, map_size=max(options.map_size or DEFAULT_MAP_SIZE, MIN_MAP_SIZE),
+                                 subdir=True, readahead=False, meminit=False, max_dbs=0, sync=False, metasync=False,
+                                 writemap=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"{path}: LMDB cannot open the shard for writing: {exc}") from exc
+        self.growths = 0
+        self._reserved = 0
+        self._reserve(self.env.info()["map_size"])
+        with self._write("storing the shard's metadata") as txn:
+            stored = txn.get(SHARD_KEY)
+            if stored is None:
+                txn.put(SHARD_KEY, json.dumps(meta, sort_keys=True).encode())
+            else:
+                self.check_meta(json.loads(stored))
+
+    def _write(self, what: str) -> _WriteTxn:
+        """A write transaction whose LMDB or OS failure is a StoreError naming the shard and ``what``."""
+        return _WriteTxn(self, what)
+
+    def _reserve(self, size: int) -> None:
+        """Allocate the data file's blocks up to ``size`` bytes; StoreFullError when the device is full."""
+        if size <= self._reserved:
+            return
+        data = os.path.join(self.path, DATA_FILE)
+        with storing("opening", data):
+            fd = os.open(data, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return  # the filesystem cannot reserve; writes may still fail late
+            err = store_error(exc, "reserving space for", self.path)
+            if isinstance(err, StoreFullError):
+                free = shutil.disk_usage(self.path).free
+                raise StoreFullError(exc.errno, f"no space left for shard {self.path}: it needs "
+                                     f"{size - self._reserved} more bytes, the device has {free} bytes free") from None
+            raise err from None
+        finally:
+            os.close(fd)
+        self._reserved = size
+
+    def _recover_compaction(self) -> None:
+        """Finish a compaction that a kill interrupted between its two renames."""
+        tmp, old = self.path + ".compact", self.path + ".old"
+        with storing("recovering the compaction of", self.path):
+            if not os.path.exists(self.path) and os.path.exists(tmp) and os.path.exists(old):
+                os.rename(tmp, self.path)
+            for leftover in (tmp, old):
+                if os.path.exists(leftover) and os.path.exists(self.path):
+                    shutil.rmtree(leftover)
+
+    def _grow(self, need: int) -> None:
+        if self.growths >= MAX_GROWTHS:
+            raise StoreError(f"{self.path}: LMDB map still full after {MAX_GROWTHS} growths")
+        # Grow to what the next video needs (plus slack) rather than doubling:
+        # every byte of the map is reserved on disk, and doubling a large
+        # shard's map would reserve as much again as it holds.
+        new = max(self.env.info()["map_size"] + need, used_bytes(self.env) + need + SLACK)
+        self._reserve(new)
+        log.info("%s: growing LMDB map to %d bytes", self.path, new)
+        try:
+            self.env.set_mapsize(new)
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: growing the LMDB map failed: {exc}") from exc
+        self.growths += 1
+
+    def _file_size(self) -> int:
+        return os.path.getsize(os.path.join(self.path, DATA_FILE))
+
+    def done_records(self) -> dict[str, VideoRecord]:
+        with self.env.begin(buffers=True) as txn:
+            recs = read_records(txn, self.path, self._file_size())
+        return {r.video_id: r for r in recs}
+
+    def write_video(self, video_id: str, label: int, produce: Callable[[], ClipProducer],
+                    estimate_bytes: int) -> VideoRecord:
+        need = int(estimate_bytes * HEADROOM) + (1 << 16)
+        if used_bytes(self.env) + need > self.env.info()["map_size"]:
+            self._grow(need)
+        while True:
+            gen = produce()
+            txn = self.env.begin(write=True)
+            try:
+                record = self.drain(video_id, label, gen, lambda c, header, payload: txn.put(
+                    clip_key(video_id, c), b"".join((header, payload))))
+                if record.clips == 0:
+                    # Keep none of it (skip policy, or nothing usable): only the record.
+                    txn.abort()
+                    txn = self.env.begin(write=True)
+                txn.put(done_key(video_id), record.to_bytes())
+                txn.commit()
+                return record
+            except lmdb.MapFullError:
+                txn.abort()
+                gen.close()
+                self._grow(need)
+            except lmdb.Error as exc:  # the store failed, not the video: nothing of it is committed
+                txn.abort()
+                gen.close()
+                raise StoreError(f"{self.path}: LMDB write failed: {exc}") from exc
+            except OSError as exc:  # the machine's, wherever it came from: nothing of the video is committed
+                txn.abort()
+                gen.close()
+                raise store_error(exc, "writing shard", self.path) from None
+            except BaseException:
+                txn.abort()
+                gen.close()
+                raise
+
+    def forget_video(self, video_id: str) -> None:
+        with self._write(f"forgetting {video_id} in") as txn:
+            txn.delete(COMPLETE_KEY)
+            txn.delete(ORDER_KEY)
+            txn.delete(done_key(video_id))
+            prefix = CLIP_PREFIX + video_id.encode("utf-8") + b"/"
+            for key in [bytes(k) for k, _ in iter_prefix(txn, prefix)]:
+                if key[len(prefix):].isdigit():  # not a clip of an id that merely starts the same
+                    txn.delete(key)
+
+    def complete_record(self) -> dict | None:
+        with self.env.begin() as txn:
+            raw = txn.get(COMPLETE_KEY)
+        return json.loads(raw) if raw is not None else None
+
+    def summarize(self) -> tuple[dict, list[str]]:
+        """Counts, value bytes and the content checksum from what the shard holds; and its storage order.
+
+        The storage order is the ids of the videos with clips, sorted by where
+        their first clip's value lies in the map: exact, read off the
+        addresses of the values the checksum reads anyway. A compacted shard
+        is rewritten in key order, so there it is the order of the keys.
+        """
+        with self.env.begin(buffers=True) as txn:
+            records = read_records(txn, self.path, self._file_size())
+            stored = clip_key_count(txn)
+            value_bytes = 0
+            first_at: dict[str, int] = {}
+
+            def headers() -> Iterator[memoryview]:
+                nonlocal value_bytes
+                for rec in records:
+                    for c in range(rec.clips):
+                        value = txn.get(clip_key(rec.video_id, c))
+                        if value is None:
+                            raise ValueError(f"{self.path}: {rec.video_id} clip {c} missing")
+                        if c == 0:
+                            first_at[rec.video_id] = np.frombuffer(value, dtype=np.uint8).ctypes.data
+                        value_bytes += len(value)
+                        yield value[:header_len(value)]
+
+            sha = headers_checksum(headers())
+        held = sum(r.clips for r in records)
+        if held != stored:
+            raise ValueError(f"{self.path}: video records count {held} clips, shard holds {stored}")
+        where = (lambda vid: clip_key(vid, 0)) if self.options.compact else first_at.__getitem__
+        order = sorted(first_at, key=where)  # type: ignore[arg-type]
+        return dict(zip(SUMMARY_KEYS, (len(records), held, value_bytes, sha))), order
+
+    def finish(self) -> dict:
+        summary = self.complete_record()
+        if summary is None:
+            summary, order = self.summarize()
+            self._sync()
+            with self._write("finishing") as txn:
+                txn.put(ORDER_KEY, json.dumps(order, separators=(",", ":")).encode())
+                txn.put(COMPLETE_KEY, json.dumps(summary, sort_keys=True).encode())
+            self._sync()
+        if self.options.compact:
+            self.compact()
+        else:
+            self._trim()
+        return summary
+
+    def _sync(self) -> None:
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: syncing the shard failed: {exc}") from exc
+
+    def _trim(self) -> None:
+        """Cut the file (as long as the map under writemap, and reserved) to the pages in use."""
+        used = used_bytes(self.env)
+        self._sync()
+        self.env.close()
+        data = os.path.join(self.path, DATA_FILE)
+        with storing("trimming", data):
+            if os.path.getsize(data) > used:
+                os.truncate(data, used)
+        self.env = lmdb.open(self.path, map_size=used, subdir=True, readonly=True, lock=False,
+                             readahead=False, max_dbs=0)
+
+    def compact(self) -> None:
+        """Rewrite the environment without free pages so disk use matches the data."""
+        tmp, old = self.path + ".compact", self.path + ".old"
+        with storing("compacting", self.path):
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            try:
+                self.env.copy(tmp, compact=True)
+            except lmdb.Error as exc:
+                raise StoreError(f"{self.path}: compacting the shard failed: {exc}") from exc
+            self.env.close()
+            os.rename(self.path, old)
+            os.rename(tmp, self.path)
+            shutil.rmtree(old)
+        self.env = lmdb.open(self.path, subdir=True, readahead=False, max_dbs=0)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _WriteTxn:
+    """``with writer._write(what) as txn``: commit on success, abort on error; failures are StoreErrors."""
+
+    def __init__(self, writer: LmdbWriter, what: str) -> None:
+        self.writer, self.what = writer, what
+
+    def __enter__(self) -> lmdb.Transaction:
+        try:
+            self.txn = self.writer.env.begin(write=True)
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.writer.path}: {self.what}: LMDB failed: {exc}") from exc
+        return self.txn
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is not None:
+            self.txn.abort()
+            if isinstance(exc, lmdb.Error):
+                raise StoreError(f"{self.writer.path}: {self.what}: LMDB failed: {exc}") from exc
+            return
+        try:
+            self.txn.commit()
+        except lmdb.Error as err:
+            raise StoreError(f"{self.writer.path}: {self.what}: LMDB failed: {err}") from err
+
+
+__all__ = ["DEFAULT_MAP_SIZE", "LmdbWriter"]

@@ -1,0 +1,323 @@
+"""``manifest.json`` as typed values, read and checked once: ``read_manifest(root) -> Manifest``.
+
+Every field FORMAT.md names is checked for its type (and the few relations a
+reader relies on) as the file is read, so a damaged or hand-edited manifest
+is one ``FormatError`` naming the file and the field, never a ``KeyError``
+deep inside a reader. The writer builds the same objects and writes
+``to_dict()``, so both sides share one definition of the layout.
+
+``DataSpec`` is what defines the stored data: the manifest fields every shard
+also stores (its metadata), compared field by field by ``check_shard_meta``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from .errors import FormatError
+from .layout import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, READABLE_VERSIONS, read_json_file
+
+# Version 1 manifests name their codec only; these were its ids.
+_V1_CODEC_IDS = {"raw": 0, "lz4": 1, "jpeg": 2}
+
+
+def _get(d: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], where: str, *,
+         optional: bool = False, default: Any = None, present: bool = True) -> Any:
+    """``d[key]`` checked to be one of ``kinds`` (None allowed when ``optional``); FormatError naming it.
+
+    ``present=False``: a missing key gives ``default`` (fields older versions lack).
+    """
+    if key not in d:
+        if not present:
+            return default
+        raise FormatError(f"{where}: lacks {key!r}")
+    value = d[key]
+    if value is None and optional:
+        return None
+    numbers = kinds in (int, float) or (isinstance(kinds, tuple) and int in kinds)
+    ok = isinstance(value, kinds) and not (numbers and isinstance(value, bool))
+    if ok and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    if not ok:
+        names = kinds.__name__ if isinstance(kinds, type) else " or ".join(k.__name__ for k in kinds)
+        raise FormatError(f"{where}: {key} is {_short(value)}, expected {names}{' or null' if optional else ''}")
+    return value
+
+
+def _count(d: Mapping[str, Any], key: str, where: str, *, low: int = 0, optional: bool = False) -> int | None:
+    value = _get(d, key, int, where, optional=optional)
+    if value is not None and value < low:
+        raise FormatError(f"{where}: {key} is {value}, expected an integer >= {low}")
+    return value
+
+
+def _short(value: Any) -> str:
+    """``value`` as JSON, cut to 60 characters (for one-line messages)."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ints(value: Any, n: int, key: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) != n or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise FormatError(f"{where}: {key} is {_short(value)}, expected {n} integers >= 1")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ClipSettings:
+    """How a video's frames were cut into clips (FORMAT.md, *Clips of a video*)."""
+
+    clip_len: int
+    stride: int
+    step: int
+    max_clips: int | None
+    short: str
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> ClipSettings:
+        if not isinstance(d, dict):
+            raise FormatError(f"{where}: clip is {_short(d)}, expected an object")
+        w = f"{where}: clip"
+        return cls(clip_len=_count(d, "clip_len", w, low=1), stride=_count(d, "stride", w, low=1),  # type: ignore[arg-type]
+                   step=_count(d, "step", w, low=1), max_clips=_count(d, "max_clips", w, low=1, optional=True),  # type: ignore[arg-type]
+                   short=_get(d, "short", str, w))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"clip_len": self.clip_len, "stride": self.stride, "step": self.step, "max_clips": self.max_clips,
+                "short": self.short}
+
+
+@dataclass(frozen=True)
+class FrameSize:
+    """Every frame resized to ``size`` (H, W), or its short side to ``short_side``: exactly one is set."""
+
+    size: tuple[int, int] | None
+    short_side: int | None
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> FrameSize:
+        if not isinstance(d, dict):
+            raise FormatError(f"{where}: frame_size is {_short(d)}, expected an object")
+        raw = _get(d, "size", list, f"{where}: frame_size", optional=True)
+        size = None if raw is None else _ints(raw, 2, "frame_size.size", where)
+        short = _count(d, "short_side", f"{where}: frame_size", low=1, optional=True)
+        if (size is None) == (short is None):
+            raise FormatError(f"{where}: frame_size must set exactly one of size and short_side, got {_short(d)}")
+        return cls(size=size, short_side=short)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size": list(self.size) if self.size else None, "short_side": self.short_side}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What defines the stored data: the manifest fields every shard stores a copy of (its metadata)."""
+
+    backend: str
+    codec: str
+    codec_id: int
+    classes: tuple[str, ...]
+    clip_shape: tuple[int, int, int, int] | None
+    frame_size: FrameSize
+    fps: float | None
+    clip: ClipSettings
+    on_damage: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON values, in FORMAT.md's order."""
+        return {"backend": self.backend, "codec": self.codec, "codec_id": self.codec_id,
+                "classes": list(self.classes), "clip_shape": list(self.clip_shape) if self.clip_shape else None,
+                "frame_size": self.frame_size.to_dict(), "fps": self.fps, "clip": self.clip.to_dict(),
+                "on_damage": self.on_damage}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str, *, version: int = FORMAT_VERSION) -> DataSpec:
+        """Checked fields of a manifest (or of a shard's metadata); version 1 lacks ``backend`` and ``codec_id``."""
+        codec = _get(d, "codec", str, where)
+        if version < 2 and "codec_id" not in d:
+            if codec not in _V1_CODEC_IDS:
+                raise FormatError(f"{where}: names unknown codec {codec!r}")
+            codec_id = _V1_CODEC_IDS[codec]
+        else:
+            codec_id = _count(d, "codec_id", where)
+        classes = _get(d, "classes", list, where)
+        if not all(isinstance(c, str) for c in classes):
+            raise FormatError(f"{where}: classes must be a list of names (strings)")
+        if len(set(classes)) != len(classes):
+            raise FormatError(f"{where}: class names repeat")
+        raw_shape = _get(d, "clip_shape", list, where, optional=True)
+        return cls(backend=_get(d, "backend", str, where, present=version >= 2, default="lmdb"),
+                   codec=codec, codec_id=codec_id, classes=tuple(classes),  # type: ignore[arg-type]
+                   clip_shape=None if raw_shape is None else _ints(raw_shape, 4, "clip_shape", where),  # type: ignore[arg-type]
+                   frame_size=FrameSize.from_dict(d.get("frame_size"), where),
+                   fps=_get(d, "fps", (int, float), where, optional=True),
+                   clip=ClipSettings.from_dict(d.get("clip"), where), on_damage=_get(d, "on_damage", str, where))
+
+
+DATA_KEYS = tuple(f.name for f in fields(DataSpec))
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest lists it; ``extras`` are the fields its backend adds (TFRecord: ``files``)."""
+
+    name: str
+    path: str
+    index: int
+    videos: int
+    clips: int
+    value_bytes: int
+    sha256: str
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "index": self.index, "videos": self.videos,
+                "clips": self.clips, "value_bytes": self.value_bytes, "sha256": self.sha256, **self.extras}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, position: int, version: int) -> ShardEntry:
+        w = f"{where}: shards[{position}]"
+        if not isinstance(d, dict):
+            raise FormatError(f"{w} is {_short(d)}, expected an object")
+        path = _get(d, "path", str, w)
+        if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+            raise FormatError(f"{w}: path {path!r} leaves the conversion folder")
+        # Version 1 has no index. A reordered list is caught against the shards' own metadata, which says
+        # where each shard belongs (check_shard_meta), so the index is read, not judged, here.
+        index = _get(d, "index", int, w, present=version >= 2, default=position)
+        known = {f.name for f in fields(cls)} - {"extras"}
+        return cls(name=_get(d, "name", str, w), path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
+                   clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),  # type: ignore[arg-type]
+                   sha256=_get(d, "sha256", str, w), extras={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts summed over the shards."""
+
+    videos: int
+    clips: int
+    value_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"videos": self.videos, "clips": self.clips, "value_bytes": self.value_bytes}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A finished conversion's ``manifest.json`` (FORMAT.md, *manifest.json*)."""
+
+    format_version: int
+    data: DataSpec
+    shards: tuple[ShardEntry, ...]
+    totals: Totals
+    status_counts: dict[str, int]
+    source: dict[str, Any]
+    created: str
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self.data.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.data.classes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object as the writer writes it."""
+        return {"format": FORMAT_NAME, "format_version": self.format_version, **self.data.to_dict(),
+                "num_classes": self.num_classes, "shards": [s.to_dict() for s in self.shards],
+                "totals": self.totals.to_dict(), "status_counts": dict(self.status_counts),
+                "source": dict(self.source), "created": self.created}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Manifest:
+        """Check a parsed manifest; FormatError (naming ``where`` and the field) when it is not one."""
+        if not isinstance(d, dict):
+            raise FormatError(f"{where}: is {type(d).__name__}, not a JSON object")
+        if d.get("format") != FORMAT_NAME:
+            raise FormatError(f"{where}: format {d.get('format')!r} is not {FORMAT_NAME!r}")
+        version = d.get("format_version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise FormatError(f"{where}: format version {_short(version)} is not one this reader knows "
+                              f"({', '.join(map(str, READABLE_VERSIONS))})")
+        data = DataSpec.from_dict(d, where, version=version)
+        if _get(d, "num_classes", int, where) != len(data.classes):
+            raise FormatError(f"{where}: num_classes {d['num_classes']} but {len(data.classes)} class names")
+        shards = tuple(ShardEntry.from_dict(s, where, k, version) for k, s in enumerate(_get(d, "shards", list, where)))
+        raw_totals = _get(d, "totals", dict, where)
+        totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),  # type: ignore[arg-type]
+                        clips=_count(raw_totals, "clips", f"{where}: totals"),  # type: ignore[arg-type]
+                        value_bytes=_count(raw_totals, "value_bytes", f"{where}: totals"))  # type: ignore[arg-type]
+        counts = _get(d, "status_counts", dict, where)
+        for k in counts:
+            _count(counts, k, f"{where}: status_counts")
+        return cls(format_version=version, data=data, shards=shards, totals=totals, status_counts=dict(counts),
+                   source=dict(_get(d, "source", dict, where)), created=_get(d, "created", str, where))
+
+    def shard_path(self, root: str, index: int) -> str:
+        """Where shard ``index`` lies for the conversion at ``root``."""
+        return os.path.join(root, self.shards[index].path)
+
+
+def read_manifest(root: str) -> Manifest:
+    """The manifest of a finished conversion at ``root``; one-line FormatError naming what is wrong."""
+    if not os.path.isdir(root):
+        raise FormatError(f"{root}: no such folder")
+    path = os.path.join(root, MANIFEST)
+    if not os.path.lexists(path):
+        raise FormatError(f"{root}: no {MANIFEST}; not a finished conversion (run python -m convert first)")
+    return Manifest.from_dict(read_json_file(path, "manifest"), path)
+
+
+def shard_meta(data: DataSpec, *, index: int, count: int) -> dict[str, Any]:
+    """The metadata a shard stores: format, the data-defining fields, its place among the shards."""
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "index": index, "count": count,
+            **data.to_dict()}
+
+
+def check_shard_meta(meta: dict | None, manifest: Manifest, index: int, where: str) -> None:
+    """A shard's stored metadata must agree with the manifest and sit at its manifest position."""
+    if manifest.format_version < 2:
+        return  # version 1 shards store only their codec
+    if meta is None:
+        raise FormatError(f"{where}: shard has no metadata (not written by this format version)")
+    want = manifest.data.to_dict()
+    diffs = [k for k in DATA_KEYS if meta.get(k) != want[k]]
+    if diffs:
+        k = diffs[0]
+        raise FormatError(f"{where}: shard says {k} {_short(meta.get(k))}, manifest says {_short(want[k])}"
+                          f"{f' (also differ: {chr(44).join(diffs[1:])})' if diffs[1:] else ''}")
+    if meta.get("index") != index:
+        raise FormatError(f"{where}: shard is number {meta.get('index')} of its conversion, the manifest lists it "
+                          f"as number {index} (shards reordered?)")
+    count = meta.get("count", 0)
+    if not isinstance(count, int) or count > len(manifest.shards):
+        raise FormatError(f"{where}: shard belongs to a conversion of {count} shards, the manifest "
+                          f"lists {len(manifest.shards)} (shards dropped from the manifest?)")
+
+
+def check_plan(root: str, manifest: Manifest) -> None:
+    """The manifest must list every shard the plan made, in the plan's order (when plan.json is there)."""
+    path = os.path.join(root, PLAN)
+    if not os.path.lexists(path):
+        return
+    plan = read_json_file(path, "plan")
+    try:
+        planned = [s["name"] for s in plan["shards"]]
+    except (KeyError, TypeError) as exc:
+        raise FormatError(f"{path}: not a readable plan: {type(exc).__name__}: {exc}") from exc
+    listed = [s.name for s in manifest.shards]
+    if listed != planned:
+        missing = [n for n in planned if n not in listed]
+        what = f"lacks {', '.join(missing[:3])}" if missing else "lists them in another order"
+        raise FormatError(f"{os.path.join(root, MANIFEST)}: the plan has {len(planned)} shards, the manifest {what}")
+
+
+__all__ = ["DATA_KEYS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "ShardEntry", "Totals",
+           "check_plan", "check_shard_meta", "read_manifest", "shard_meta"]

@@ -1,0 +1,78 @@
+"""The output folder: refuse one that holds something else, and hold its lock while a job writes it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Iterator
+
+from .format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
+from .format.layout import read_json_file
+from .plan import ConvertConfig, PlanError
+
+
+def check_out(out: str, config: ConvertConfig) -> None:
+    """Refuse an OUT that holds something else, before any work."""
+    if not os.path.exists(out):
+        return
+    if not os.path.isdir(out):
+        raise PlanError(f"{out}: exists and is not a directory")
+    manifest = os.path.join(out, MANIFEST)
+    if os.path.lexists(manifest):
+        try:
+            m = read_json_file(manifest, "manifest")
+        except FormatError as exc:
+            raise PlanError(str(exc)) from None
+        if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+            got = m.get("format") if isinstance(m, dict) else type(m).__name__
+            raise PlanError(f"{out}: holds a {got!r} dataset, not {FORMAT_NAME}; use another OUT")
+        if m.get("backend") != config.backend:
+            raise PlanError(f"{out}: holds {m.get('backend')} shards, asked for {config.backend}; use another OUT")
+    elif not os.path.exists(os.path.join(out, PLAN)) and not os.path.exists(os.path.join(out, LOCK)) \
+            and os.listdir(out):
+        # A lock file without a plan: a job that started here and has not written its plan yet.
+        raise PlanError(f"{out}: not empty and holds no conversion; use an empty or new folder")
+
+
+def _holder(path: str) -> str:
+    """Who holds the lock, as its JSON says; the holder may be a moment away from writing it."""
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError), open(path) as fh:
+            who = json.load(fh)
+            return f"host {who['host']}, pid {who['pid']}, since {who['started']}"
+        time.sleep(0.1)
+    return "holder unknown"
+
+
+@contextlib.contextmanager
+def hold_out(out: str) -> Iterator[None]:
+    """Hold OUT's exclusive lock for the job's lifetime, or raise PlanError naming the holder.
+
+    flock belongs to the open file, so the kernel releases it when the holding
+    process dies however it dies (kill -9 included): a stale lock file is simply
+    taken over by the next job. The file is never deleted, because a job that
+    opened it just before a delete would lock an inode no one else sees.
+    """
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
+                            f"wait for it to end, or use another OUT") from None
+        who = {"host": socket.gethostname(), "pid": os.getpid(),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(who).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+__all__ = ["check_out", "hold_out"]

@@ -1,0 +1,143 @@
+"""The shape the packages keep: the format layer below both sides, no import cycles, light readers.
+
+Read from the code itself (its import statements, parsed), so a change that
+breaks the layering fails here, not in a later review.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from convert.format import BACKENDS
+
+from .conftest import ROOT
+
+PACKAGES = ("convert", "loaders", "train")
+
+
+def _modules() -> dict[str, str]:
+    """Every module of the installed packages: dotted name -> file."""
+    found = {}
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(folder, name), ROOT)[:-3].replace(os.sep, ".")
+                    found[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = os.path.join(folder, name)
+    return found
+
+
+def _run_time_nodes(tree: ast.Module) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for the type checker, never run)."""
+    typing_only = {id(n) for top in ast.walk(tree) if isinstance(top, ast.If) and "TYPE_CHECKING" in
+                   ast.unparse(top.test) for stmt in top.body for n in ast.walk(stmt)}
+    return [n for n in ast.walk(tree) if id(n) not in typing_only]
+
+
+def _imports(module: str, path: str, *, run_time_only: bool) -> set[str]:
+    """The project modules ``module`` imports anywhere (``run_time_only``: leaving out type-checking imports)."""
+    tree = ast.parse(open(path).read(), path)
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    nodes = _run_time_nodes(tree) if run_time_only else list(ast.walk(tree))
+    out: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            out.add(target)
+            out |= {f"{target}.{a.name}" for a in node.names}
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports at any time it runs (functions' imports included)."""
+    modules = _modules()
+    return {name: {d for d in _imports(name, path, run_time_only=True) if d in modules and d != name}
+            for name, path in modules.items()}
+
+
+def test_loaders_import_nothing_of_convert_but_its_format_layer():
+    modules = _modules()
+    bad = {}
+    for name, path in modules.items():
+        if name.split(".")[0] == "loaders":
+            wrong = {m for m in _imports(name, path, run_time_only=False)
+                     if m.startswith("convert") and not m.startswith("convert.format")}
+            if wrong:
+                bad[name] = sorted(wrong)
+    assert bad == {}
+
+
+def test_the_format_layer_imports_nothing_above_it():
+    bad = {}
+    for name, path in _modules().items():
+        if name.startswith("convert.format"):
+            wrong = {m for m in _imports(name, path, run_time_only=False) if not m.startswith("convert.format")}
+            if wrong:
+                bad[name] = sorted(wrong)
+    assert bad == {}
+
+
+def test_no_import_cycles_between_modules():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle.extend(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+                return True
+            if state.get(nxt) is None and visit(nxt, [*path, nxt]):
+                return True
+        state[node] = 2
+        return False
+
+    for node in sorted(graph):
+        if state.get(node) is None and visit(node, [node]):
+            break
+    assert cycle == [], " -> ".join(cycle)
+
+
+def test_nothing_is_registered_at_import():
+    """No fork hook, exit handler or signal handler is installed by importing a module of the packages."""
+    hooks = ("register_at_fork", "atexit.register", "signal.signal")
+    bad = []
+    for name, path in _modules().items():
+        tree = ast.parse(open(path).read(), path)
+        for top in tree.body:
+            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            text = ast.unparse(top)
+            if any(h in text for h in hooks):
+                bad.append(f"{name}: {text.splitlines()[0]}")
+    assert bad == []
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_reading_a_clip_imports_neither_pyav_nor_torch(backend, synth_videos, tmp_path):
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    out = str(tmp_path / backend)
+    run_job(synth_videos, out, ConvertConfig(backend=backend, codec="lz4"), JobOptions(workers=1, shards=1,
+                                                                                       progress=False))
+    code = ("import sys\n"
+            "import loaders\n"
+            f"clip = loaders.open_clips({out!r})[0].clip\n"
+            "assert clip.shape[0] == 16\n"
+            "print(sorted(m for m in ('av', 'torch', 'nvidia.dali') if m in sys.modules))\n")
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "[]"
