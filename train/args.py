@@ -12,7 +12,7 @@ import argparse
 from loaders.sampler import ORDERS
 
 from .config import AMP_DTYPES, BACKENDS, EPOCH_MODES, LOADER_ALIASES, LOADERS, OPTIMIZERS
-from .data import PROTOCOLS
+from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES
 
 

@@ -31,9 +31,10 @@ import torch
 from loaders import default_threads
 from loaders.sampler import ORDERS
 
-from .data import PROTOCOLS, DataShape, check_dataset, dataset_info, train_sampler
+from .data import DataShape, check_dataset, dataset_info, train_sampler
 from .dist import DistInfo
 from .errors import TrainError
+from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
 LOADERS = ("threads", "processes", "dali")
