@@ -10,11 +10,9 @@ of the clips by rank, so gathered results hold each clip exactly once.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import multiprocessing.util  # imported before atexit.register below: its exit handler must come first
 import os
-import re
 import signal
 import threading
 import time
@@ -32,12 +30,13 @@ from loaders.sampler import VideoEpochSampler
 from .dist import DistInfo
 from .errors import TrainError
 from .protocols import describe_protocol, multiview_items
+from .readerrors import reader_errors
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["ClipPreset", "DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data",
-           "check_dataset", "dataset_info", "reading", "to_model_input", "train_sampler"]
+           "check_dataset", "dataset_info", "to_model_input", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -240,69 +239,6 @@ def _dali_device(info: DistInfo) -> int | None:
     return info.device.index if info.device.type == "cuda" else None
 
 
-@contextlib.contextmanager
-def _reader_errors(flag: str, root: str):
-    """The readers' ValueError / DatasetError (a crop that does not fit, a bad seed...) as one-line TrainErrors."""
-    try:
-        yield
-    except (ValueError, DatasetError) as exc:
-        raise TrainError(f"{flag} {root}: {exc}") from exc
-
-
-_WORKER_DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")
-
-
-def _original_message(exc: BaseException) -> str:
-    """The one-line message of ``exc``; for an error a DataLoader worker raised (re-raised here with the
-    worker's whole traceback as its text), the original error's message, its last line."""
-    text = str(exc).strip()
-    if "Original Traceback" in text:
-        last = text.splitlines()[-1]
-        return re.sub(r"^[\w.]*(?:Error|Exception): ", "", last)
-    return " ".join(text.split())
-
-
-def _worker_death(exc: RuntimeError) -> tuple[str, str | None] | None:
-    """(pids, signal name such as SIGBUS or None) when ``exc`` says a DataLoader worker process died."""
-    pids, sig = None, None
-    seen: BaseException | None = exc
-    while seen is not None:  # torch raises "exited unexpectedly" from the "killed by signal" error
-        m = _WORKER_DIED.search(str(seen))
-        if m:
-            pids = pids or m.group(1).strip()
-            if m.group(2) and sig is None:
-                desc = m.group(2).strip()
-                sig = next((s.name for s in signal.Signals if signal.strsignal(s) == desc), desc)
-        seen = seen.__cause__ or seen.__context__
-    return None if pids is None else (pids, sig)
-
-
-@contextlib.contextmanager
-def reading(flag: str, root: str):
-    """Errors of the readers while batches are read, as one-line TrainErrors naming what to do.
-
-    A damaged clip (a CRC mismatch with ``--verify-data``, a label outside the
-    classes, an undecodable payload) names its shard and clip; a DataLoader
-    worker process killed by a signal (SIGBUS from a damaged LMDB page or a
-    full /dev/shm, SIGSEGV) is named with the signal instead of torch's
-    traceback, which blames shared memory alone.
-    """
-    verify = f"python -m convert verify {root} checks the shards for damage"
-    try:
-        yield
-    except DatasetError as exc:
-        raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
-    except RuntimeError as exc:
-        died = _worker_death(exc)
-        if died is None:
-            raise
-        pids, sig = died
-        how = f"was killed by {sig}" if sig else "exited unexpectedly"
-        raise TrainError(f"a loader worker process (pid {pids}) {how} while reading {flag} {root}: {verify}; "
-                         f"the other usual cause is a too-small /dev/shm (docker run --shm-size 8g; or use "
-                         f"--loader threads, which needs none)") from exc
-
-
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
     and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
@@ -367,7 +303,7 @@ def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> Lm
 def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(cfg.data, "--data")
-    with _reader_errors("--data", root):
+    with reader_errors("--data", root):
         return _train_data(root, cfg, info)
 
 
@@ -398,7 +334,7 @@ def _train_data(root: str, args: TrainConfig, info: DistInfo) -> TrainData:
 def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:
     """Clips of ``root`` cropped as ``cfg.eval_protocol`` says, split over ranks without padding."""
     check_dataset(root, flag)
-    with _reader_errors(flag, root):
+    with reader_errors(flag, root):
         return _eval_data(root, cfg, info)
 
 

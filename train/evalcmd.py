@@ -27,12 +27,13 @@ import torch
 from . import checkpoint as ckpt_io
 from . import dist
 from .config import AMP_DTYPES, TrainConfig, default_workers
-from .data import build_eval_data, dataset_info, reading
+from .data import build_eval_data, dataset_info
 from .engine import evaluate
 from .errors import TrainError
 from .main import eval_line, save_eval, torch_threads
 from .model import C3D, strip_prefixes
 from .protocols import PROTOCOLS
+from .readerrors import reading
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train eval", description=__doc__,

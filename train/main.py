@@ -23,7 +23,7 @@ from . import dist
 from .args import build_parser
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig, resolve_config
-from .data import build_eval_data, build_train_data, dali_builder, dataset_info, reading
+from .data import build_eval_data, build_train_data, dali_builder, dataset_info
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -31,6 +31,7 @@ from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
+from .readerrors import reading
 from .schedule import optimizer_for, scheduler_for
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
