@@ -9,13 +9,8 @@ of the clips by rank, so gathered results hold each clip exactly once.
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
-import multiprocessing.util  # imported before atexit.register below: its exit handler must come first
 import os
-import signal
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -31,6 +26,7 @@ from .dist import DistInfo
 from .errors import TrainError
 from .protocols import describe_protocol, multiview_items
 from .readerrors import reader_errors
+from .workers import ignore_stop_signals
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -237,51 +233,6 @@ def dali_builder():
 def _dali_device(info: DistInfo) -> int | None:
     # DALI's GPU backend on this rank's GPU; on the CPU its CPU backend (same pixels, slower).
     return info.device.index if info.device.type == "cuda" else None
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
-    and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
-    batches until then; the workers end when the trainer closes the loader."""
-    for s in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(s, signal.SIG_IGN)
-
-
-def kill_workers_left_at_exit(grace: float = 2.0) -> int:
-    """End the daemon child processes still alive: SIGTERM, then SIGKILL after ``grace`` s; how many needed
-    the SIGKILL.
-
-    Run at exit (registered below). multiprocessing's own exit handler sends
-    its daemon children SIGTERM and then joins them without a bound, so a
-    DataLoader worker that ignores SIGTERM (ignore_stop_signals) would keep
-    the process from ever exiting. Workers outlive their loader when an
-    error's traceback still holds the loader's iterator at exit (seen: the
-    test process hung at exit in 3 of 8 runs of tests/test_train_reading.py).
-    Daemon children are the ones multiprocessing would end at exit anyway;
-    this only adds the SIGKILL for those that ignore the SIGTERM.
-    """
-    left = [p for p in multiprocessing.active_children() if p.daemon]
-    if not left:
-        return 0
-    if threading.current_thread() is threading.main_thread():
-        # torch's SIGCHLD handler raises when a worker dies by a signal: here that is the intent.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for p in left:
-        p.terminate()
-    deadline = time.monotonic() + grace
-    for p in left:
-        p.join(max(0.0, deadline - time.monotonic()))
-    stuck = [p for p in left if p.is_alive()]
-    for p in stuck:
-        p.kill()
-    for p in stuck:
-        p.join(5)
-    return len(stuck)
-
-
-# Registered after multiprocessing's exit handler (multiprocessing.util, imported at the top, registers it), so it
-# runs first: atexit calls handlers last-registered first.
-atexit.register(kill_workers_left_at_exit)
 
 
 def _readers(cfg: TrainConfig) -> dict:

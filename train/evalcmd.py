@@ -34,6 +34,7 @@ from .main import eval_line, save_eval, torch_threads
 from .model import C3D, strip_prefixes
 from .protocols import PROTOCOLS
 from .readerrors import reading
+from .workers import end_workers_at_exit
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train eval", description=__doc__,
@@ -136,6 +137,7 @@ def export(path: str, result: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     opts = build_parser().parse_args(argv)
+    end_workers_at_exit()
     try:
         with torch_threads(opts.threads):
             run(opts)

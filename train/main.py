@@ -32,6 +32,7 @@ from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
 from .readerrors import reading
+from .workers import end_workers_at_exit
 from .schedule import optimizer_for, scheduler_for
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -414,7 +415,9 @@ def torch_threads(threads: int | None):
 
 
 def run_with_threads(args) -> dict[str, Any]:
-    """``run`` with ``--threads`` applied for its duration (``torch_threads``)."""
+    """``run`` with ``--threads`` applied for its duration (``torch_threads``), and DataLoader workers left
+    at exit ended then (``end_workers_at_exit``): where every training run starts."""
+    end_workers_at_exit()
     with torch_threads(args.threads):
         return run(args)
 
