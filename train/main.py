@@ -32,8 +32,8 @@ from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
 from .readerrors import reading
+from .schedule import build_optimizer, build_scheduler
 from .workers import end_workers_at_exit
-from .schedule import optimizer_for, scheduler_for
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -220,8 +220,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
                              f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
-        optimizer = optimizer_for(model, cfg)
-        scheduler = scheduler_for(optimizer, cfg)
+        plan, steps = cfg.lr_plan, cfg.steps_per_epoch
+        if plan is None or steps is None:  # with_batch sets them, above
+            raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
+        optimizer = build_optimizer(model, cfg.optimizer, plan.lr, cfg.momentum, cfg.weight_decay)
+        scheduler = build_scheduler(optimizer, schedule=cfg.schedule, steps_per_epoch=steps, epochs=cfg.epochs,
+                                    warmup_steps=plan.warmup_steps, step_epochs=cfg.lr_step_epochs,
+                                    gamma=cfg.lr_gamma, warmup_from=plan.warmup_from)
         # One code path: a disabled scaler passes scale/step/update straight through.
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
                                       growth_interval=cfg.growth_interval)
@@ -264,9 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
                    f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
-                   f"{cfg.global_batch} | lr {cfg.lr_plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
+                   f"{cfg.global_batch} | lr {plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
                    f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
-        _say(info, cfg.lr_plan.why)
+        _say(info, plan.why)
         if rng is not None:
             ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
         criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
