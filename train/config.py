@@ -1,7 +1,7 @@
 """A run's settings, resolved once: ``TrainConfig``.
 
-``python -m train`` parses its command line (``train.args``), then
-``resolve_config`` turns the Namespace into one frozen ``TrainConfig``: the
+``python -m train`` parses its command line, then
+``train.args.resolve_config`` turns the Namespace into one frozen ``TrainConfig``: the
 defaults that depend on the machine (device, ``--amp``, ``--workers``) and on
 the data (clip length, clips per rank and epoch) are filled in, the batch
 decides the steps per epoch and the learning-rate plan, and every value is
@@ -20,19 +20,14 @@ model.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
-from loaders import default_threads
 from loaders.sampler import ORDERS
 
-from .data import DataShape, check_dataset, dataset_info, train_sampler
-from .dist import DistInfo
 from .errors import TrainError
 from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
@@ -301,59 +296,4 @@ class TrainConfig:
         return cls(**kw)
 
 
-def default_workers(loader: str) -> int:
-    """``--workers`` when not given: reader threads = this rank's share of the cores (at most 16,
-    ``loaders.default_threads``; the ranks on this node, ``LOCAL_WORLD_SIZE``, share them); worker
-    processes = one fewer (the training process needs a core of its own), at most 8."""
-    threads = default_threads()
-    if loader == "threads":
-        return threads
-    return max(0, min(8, threads - 1))
-
-
-def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | None = None) -> TrainConfig:
-    """The run's ``TrainConfig`` from ``python -m train``'s parsed options, for this process.
-
-    Fills in the defaults that depend on the machine (``info``: device, world
-    size) and on the data (``shape``, read from ``--data`` when not given:
-    clip length, clips per rank and epoch), checks the files the options name,
-    and, unless ``--batch-size auto``, resolves the batch (``with_batch``).
-    """
-    device = info.device
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
-    loader = LOADER_ALIASES.get(args.loader, args.loader)
-    root = check_dataset(args.data, "--data")
-    if args.val_data:
-        check_dataset(args.val_data, "--val-data")
-    if args.finetune and not os.path.isfile(args.finetune):
-        raise TrainError(f"--finetune {args.finetune}: no such file")
-    shape = shape or dataset_info(root, args.crop_size)
-    if args.clip_len is not None and args.clip_len > shape.clip_len:
-        raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
-                         f"frames)")
-    clip_len = args.clip_len or shape.clip_len
-    if args.val_data:
-        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data")
-        if val_shape.clip_len < clip_len:
-            raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
-                             f"{clip_len}")
-    if args.clips_per_video < 1:  # before the sampler below, which would say it less plainly
-        raise TrainError(f"--clips-per-video must be an integer >= 1, got {args.clips_per_video}")
-    try:
-        samples = len(train_sampler(shape.video_clips, epoch_mode=args.epoch_mode,
-                                    clips_per_video=args.clips_per_video, world_size=info.world_size, rank=info.rank,
-                                    seed=args.seed))
-    except ValueError as exc:  # the sampler's own check of a setting (a negative seed...)
-        raise TrainError(f"--data {root}: {exc}") from exc
-    auto = args.batch_size == "auto"
-    given.update(
-        loader=loader, clip_len=clip_len, device=str(device), dist_backend=info.backend,
-        amp=args.amp or ("off" if device.type != "cuda" else "bf16"),
-        workers=default_workers(loader) if args.workers is None else args.workers,
-        batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, steps_per_epoch=None,
-        lr_plan=None)
-    pending = TrainConfig(**given)
-    return pending if auto else pending.with_batch(args.batch_size)
-
-
-__all__ = ["AMP_DTYPES", "LOADERS", "TrainConfig", "default_workers", "flag", "resolve_config"]
+__all__ = ["AMP_DTYPES", "BACKENDS", "EPOCH_MODES", "LOADERS", "LOADER_ALIASES", "OPTIMIZERS", "TrainConfig", "flag"]

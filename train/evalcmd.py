@@ -26,7 +26,8 @@ import torch
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .config import AMP_DTYPES, TrainConfig, default_workers
+from .args import default_workers
+from .config import AMP_DTYPES, TrainConfig
 from .data import build_eval_data, dataset_info
 from .engine import evaluate
 from .errors import TrainError

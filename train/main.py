@@ -20,9 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .args import build_parser
+from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
-from .config import TrainConfig, resolve_config
+from .config import TrainConfig
 from .data import build_eval_data, build_train_data, dali_builder, dataset_info
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
