@@ -28,8 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .config import TrainConfig, flag
+from .config import TrainConfig
 from .errors import TrainError
+from .options import flag
 
 LATEST = "checkpoint.pt"
 

@@ -393,8 +393,8 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message for setup errors)."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # a usage error is a TrainError too: one line, status 2
         summary = run_with_threads(args)
         if summary.get("is_main"):
             print_summary(summary)
