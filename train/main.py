@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -169,9 +170,23 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: dist.DistInfo) -> tuple[nn.Mo
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train as the parsed options say; returns a summary (final evaluation, speed, where files went).
 
-    The options are resolved once into a frozen ``TrainConfig`` (``train.config``);
-    everything below reads that, and the checkpoint stores it.
+    The start of every training run, in one process or under torchrun (``main``,
+    ``run_argv``, the demo): DataLoader workers still alive at exit are ended
+    then (``end_workers_at_exit``), ``--threads`` holds for the run
+    (``torch_threads``), and the process group is torn down afterwards, after
+    an error too.
     """
+    end_workers_at_exit()
+    try:
+        with torch_threads(args.threads):
+            return _train(args)
+    finally:
+        dist.cleanup()
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any]:
+    # The options are resolved once into a frozen TrainConfig (train.config); everything below reads
+    # that, and the checkpoint stores it.
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
     shape = dataset_info(args.data, args.crop_size)  # checks the folder first
@@ -392,22 +407,19 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 with a one-line message for setup errors)."""
+    """Entry point; returns the exit status (2 with a one-line message for usage and setup errors)."""
     try:
-        args = build_parser().parse_args(argv)  # a usage error is a TrainError too: one line, status 2
-        summary = run_with_threads(args)
-        if summary.get("is_main"):
-            print_summary(summary)
+        summary = run_argv(argv)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        dist.cleanup()
+    if summary.get("is_main"):
+        print_summary(summary)
     return 0
 
 
 @contextlib.contextmanager
-def torch_threads(threads: int | None):
+def torch_threads(threads: int | None) -> Iterator[None]:
     """``--threads`` (when given) for the duration of the block; the previous setting comes back after it,
     so library callers get theirs back."""
     before = torch.get_num_threads()
@@ -419,18 +431,7 @@ def torch_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def run_with_threads(args) -> dict[str, Any]:
-    """``run`` with ``--threads`` applied for its duration (``torch_threads``), and DataLoader workers left
-    at exit ended then (``end_workers_at_exit``): where every training run starts."""
-    end_workers_at_exit()
-    with torch_threads(args.threads):
-        return run(args)
-
-
-def run_argv(argv: list[str]) -> dict[str, Any]:
-    """Parse ``argv`` as the command line would and train; returns ``run``'s summary, raises TrainError."""
-    args = build_parser().parse_args(argv)
-    try:
-        return run_with_threads(args)
-    finally:
-        dist.cleanup()
+def run_argv(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (default: the command line) as ``python -m train`` does and train; returns ``run``'s
+    summary, raises TrainError (for a usage error too, in one line)."""
+    return run(build_parser().parse_args(argv))
