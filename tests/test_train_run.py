@@ -188,7 +188,8 @@ def test_device_check_smoke(tiny_data, tmp_path):
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
     """The demo's path (find the converted splits, train, report) with tiny overrides; the full demo takes ~2 min."""
-    from train.demo import demo, report
+    from train.demo import demo
+    from train.main import print_summary
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -197,7 +198,7 @@ def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
     summary = demo(str(out), workers=0, threads=1,
                    extra=["--model-width", "0.0625", "--crop-size", "32", "--epochs", "1", "--eval-every", "1",
                           "--no-progress", "--no-tensorboard"])
-    report(summary)
+    print_summary(summary, per_class=True)
     text = capsys.readouterr().out
     assert "using the converted synthetic dataset" in text
     assert "validation: clip top-1" in text and "confusion matrix:" in text

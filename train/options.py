@@ -271,11 +271,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``TrainError`` line, ending in ``(see --help)``; a mistyped option
+    """argparse whose usage errors are one ``TrainError`` line, ending in ``(see PROG --help)``; a mistyped option
     is named with the closest one there is. The entry points print it and exit with status 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise TrainError(f"{message} (see --help)")
+        raise TrainError(f"{message} (see {self.prog} --help)")
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
