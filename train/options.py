@@ -200,11 +200,14 @@ class Setting:
             kw["action"] = argparse.BooleanOptionalAction if kw["default"] else "store_true"
         else:
             kw.update(type=self.parse, required=o.required)
-            shown = o.choices if choices is None else tuple(choices)
-            if shown:  # the old names too, which parse gives their new one
-                kw["choices"] = (*shown, *(old for old, _ in o.aliases))
+            if choices is not None:
+                kw["choices"] = tuple(choices)
+            elif o.choices:  # the old names too, which parse gives their new one
+                kw["choices"] = (*o.choices, *(old for old, _ in o.aliases))
             if o.metavar:
                 kw["metavar"] = o.metavar
+            elif flags and "choices" not in kw:  # argparse would name the value after dest, not the flag given
+                kw["metavar"] = flags[0].lstrip("-").replace("-", "_").upper()
         container.add_argument(*(flags or [self.flag]), **kw)
         for extra, const, text in o.also:
             container.add_argument(extra, dest=self.name, action="store_const", const=const, help=text)
