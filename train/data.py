@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from loaders import (ClipPreset, DatasetError, DistributedClipSampler, LmdbClipDataset, build_loader, loader_meter,
-                     open_clips, to_model_input)
+from loaders import (
+    ClipPreset,
+    DatasetError,
+    DistributedClipSampler,
+    LmdbClipDataset,
+    build_loader,
+    loader_meter,
+    open_clips,
+)
 from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
@@ -31,8 +39,8 @@ from .workers import ignore_stop_signals
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["ClipPreset", "DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data",
-           "check_dataset", "dataset_info", "to_model_input", "train_sampler"]
+__all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
+           "dataset_info", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -110,8 +118,8 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
     blocks shuffled together; the last partial share is dropped, so every rank
     has the same ``len()``, the clips it trains on per epoch.
     """
-    kw = dict(num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True, order=order,
-              storage_order=storage_order, block=block, window=window)
+    kw: dict[str, Any] = {"num_replicas": world_size, "rank": rank, "shuffle": True, "seed": seed, "drop_last": True,
+                          "order": order, "storage_order": storage_order, "block": block, "window": window}
     if epoch_mode == "videos":
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
@@ -254,60 +262,54 @@ def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> Lm
 def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(cfg.data, "--data")
+    batch = cfg.batch_size
+    if batch is None:  # with_batch gives it, before the loaders are built
+        raise TrainError("--batch-size auto is not resolved yet (with_batch)")
     with reader_errors("--data", root):
-        return _train_data(root, cfg, info)
-
-
-def _train_data(root: str, args: TrainConfig, info: DistInfo) -> TrainData:
-    # ``args`` is the run's TrainConfig (the name the DALI branch below has always used).
-    preset = make_preset(args, train=True)
-    if args.loader == "dali":
-        if args.epoch_mode != "clips":
-            raise TrainError("--epoch-mode videos needs --loader lmdb (the DALI reader samples clips)")
-        # The DALI reader shards by rank itself (DistributedClipSampler's order)
-        # and offers the sampler's set_epoch / set_position / state_dict.
-        loader = dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers, verify=args.verify_data)
-        return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
-                         int(loader.steps_per_epoch))
-    ds = _dataset(root, True, preset, args)
-    sampler = train_sampler(ds.store.video_clips, epoch_mode=args.epoch_mode, clips_per_video=args.clips_per_video,
-                            world_size=info.world_size, rank=info.rank, seed=args.seed, order=args.order,
-                            storage_order=ds.store.storage_order() if args.order == "blocks" else None,
-                            block=args.order_block, window=args.order_window)
-    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
-                          pin_memory=info.device.type == "cuda", **_readers(args))
-    return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size,
-                     len(sampler) // args.batch_size)
+        preset = make_preset(cfg, train=True)
+        if cfg.loader == "dali":
+            if cfg.epoch_mode != "clips":
+                raise TrainError("--epoch-mode videos needs --loader lmdb (the DALI reader samples clips)")
+            # The DALI reader shards by rank itself (DistributedClipSampler's order)
+            # and offers the sampler's set_epoch / set_position / state_dict.
+            loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
+                                     world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
+                                     workers=cfg.workers, verify=cfg.verify_data)
+            return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
+                             int(loader.steps_per_epoch))
+        ds = _dataset(root, True, preset, cfg)
+        sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
+                                world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
+                                storage_order=ds.store.storage_order() if cfg.order == "blocks" else None,
+                                block=cfg.order_block, window=cfg.order_window)
+        loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
+                              pin_memory=info.device.type == "cuda", **_readers(cfg))
+        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch, len(sampler) // batch)
 
 
 def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:
     """Clips of ``root`` cropped as ``cfg.eval_protocol`` says, split over ranks without padding."""
     check_dataset(root, flag)
     with reader_errors(flag, root):
-        return _eval_data(root, cfg, info)
-
-
-def _eval_data(root: str, args: TrainConfig, info: DistInfo) -> EvalData:
-    preset = make_preset(args, train=False)
-    batch = args.eval_batch_size
-    protocol = describe_protocol(args.eval_protocol, args.eval_clips, args.crop_size)
-    if args.loader == "dali" and args.eval_protocol != "clips":
-        raise TrainError(f"--eval-protocol {args.eval_protocol} needs --loader lmdb (the DALI reader cuts one "
-                         f"crop per clip)")
-    if args.loader == "dali":
-        loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers, verify=args.verify_data)
-        return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
-    ds = _dataset(root, False, preset, args)
-    # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
-    # whose first element the 3-crop preset reads as the crop.
-    items = len(ds) if args.eval_protocol == "clips" else multiview_items(ds.store.video_clips, args.eval_clips)
-    sampler = RankSplit(items, info.rank, info.world_size)
-    # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
-    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, pin_memory=info.device.type == "cuda",
-                          persistent_workers=False, drop_last=False, **_readers(args))
-    return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds) if isinstance(items, int) else
-                    len(items), protocol)
+        preset = make_preset(cfg, train=False)
+        batch = cfg.eval_batch_size
+        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size)
+        if cfg.loader == "dali" and cfg.eval_protocol != "clips":
+            raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader lmdb (the DALI reader cuts one "
+                             f"crop per clip)")
+        if cfg.loader == "dali":
+            loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
+                                     world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
+                                     workers=cfg.workers, verify=cfg.verify_data)
+            return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
+        ds = _dataset(root, False, preset, cfg)
+        # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
+        # whose first element the 3-crop preset reads as the crop.
+        items = len(ds) if cfg.eval_protocol == "clips" else multiview_items(ds.store.video_clips, cfg.eval_clips)
+        sampler = RankSplit(items, info.rank, info.world_size)
+        # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
+        loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False,
+                              pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False,
+                              **_readers(cfg))
+        return EvalData(loader, list(ds.classes), preset.mean, preset.std,
+                        len(ds) if isinstance(items, int) else len(items), protocol)
