@@ -15,7 +15,7 @@ written before the setting existed load with. Settings the run derives
 (``derived``) are checked the same way but have no option.
 
 ``OneLineParser`` reports a usage error as one ``TrainError`` line ending in
-``(see --help)``, naming the closest option to a mistyped one.
+``(see PROG --help)``, naming the closest option to a mistyped one.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Option:
     added_later: Any = UNSET
 
     def __post_init__(self) -> None:
-        if self.ge is not None and self.gt is not None or self.le is not None and self.lt is not None:
+        if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
             raise TypeError("a bound is ge or gt (le or lt), not both")
         if (self.group is None) != (self.help is None):
             raise TypeError("an option has a group and a help text; a derived setting neither")
@@ -132,7 +132,9 @@ class Setting:
 
     def _in_bounds(self, value: float) -> bool:
         o = self.option
-        return (math.isfinite(value) and (o.ge is None or value >= o.ge) and (o.gt is None or value > o.gt)
+        # isfinite only for floats: a huge integer (--seed 1e400 written out) would overflow the conversion.
+        finite = not isinstance(value, float) or math.isfinite(value)
+        return (finite and (o.ge is None or value >= o.ge) and (o.gt is None or value > o.gt)
                 and (o.le is None or value <= o.le) and (o.lt is None or value < o.lt))
 
     def allowed(self) -> str:
@@ -157,7 +159,7 @@ class Setting:
             ok = number and isinstance(value, int) and self._in_bounds(value)
         elif self.kind is float:
             ok = number and self._in_bounds(value)
-            if number and not math.isfinite(value):  # nan is in no range; say why it is refused
+            if isinstance(value, float) and not math.isfinite(value):  # nan is in no range; say why it is refused
                 return f"must be a finite number {self.allowed()}, got {value!r}"
         elif self.kind in (bool, str):
             ok = isinstance(value, self.kind)
