@@ -54,7 +54,6 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
     """
     device = info.device
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
-    loader = args.loader  # an old name is given its new one as it is parsed
     root = check_dataset(args.data, "--data")
     if args.val_data:
         check_dataset(args.val_data, "--val-data")
@@ -77,13 +76,13 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         samples = len(train_sampler(shape.video_clips, epoch_mode=args.epoch_mode,
                                     clips_per_video=args.clips_per_video, world_size=info.world_size, rank=info.rank,
                                     seed=args.seed))
-    except ValueError as exc:  # the sampler's own check of a setting (a negative seed...)
+    except ValueError as exc:  # the sampler's own checks (of the rank and world size...)
         raise TrainError(f"--data {root}: {exc}") from exc
     auto = args.batch_size == "auto"
     given.update(
-        loader=loader, clip_len=clip_len, device=str(device), dist_backend=info.backend,
+        clip_len=clip_len, device=str(device), dist_backend=info.backend,
         amp=args.amp or ("off" if device.type != "cuda" else "bf16"),
-        workers=default_workers(loader) if args.workers is None else args.workers,
+        workers=default_workers(args.loader) if args.workers is None else args.workers,
         batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, steps_per_epoch=None,
         lr_plan=None)
     pending = TrainConfig(**given)
