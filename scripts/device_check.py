@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import os
 import sys
@@ -36,23 +35,16 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
+from convert.format.system import cpu_count  # noqa: E402
 from convert.plan import ConvertConfig  # noqa: E402
 from convert.synth import synthetic_conversions  # noqa: E402
-from convert.format.system import cpu_count  # noqa: E402
+from loaders.dali import missing as dali_missing  # noqa: E402
 from train import TrainError  # noqa: E402
 from train.main import run_argv  # noqa: E402
 
 FLOP_PER_CLIP = 231e9  # forward + backward, 16x112x112, full width
 # Dense bf16 tensor-core peaks (FLOP/s) by GPU name; --peak-tflops for others.
 PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
-
-
-def dali_importable() -> bool:
-    try:
-        importlib.import_module("nvidia.dali")
-    except (ImportError, OSError):  # OSError: the wheel is there but a CUDA library is not
-        return False
-    return True
 
 
 def peak_flops(device: torch.device, given: float | None) -> float | None:
@@ -168,7 +160,7 @@ def main() -> int:
     print(f"data: {data} (ready in {time.perf_counter() - t0:.0f} s); device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if cuda else ""), flush=True)
     # The first loader probes the batch (auto); the others reuse its answer.
-    loaders = ["threads", "processes"] + (["dali"] if dali_importable() else [])
+    loaders = ["threads", "processes"] + (["dali"] if dali_missing() is None else [])
     rows = []
     for amp in ("bf16", "fp16"):
         if amp == "fp16" and not cuda:

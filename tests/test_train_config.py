@@ -11,8 +11,8 @@ import torch
 import train.main
 from train import TrainError
 from train import checkpoint as ckpt_io
-from train.args import build_parser
-from train.config import TrainConfig, resolve_config
+from train.args import build_parser, resolve_config
+from train.config import TrainConfig
 from train.dist import DistInfo
 from train.evalcmd import main as eval_main
 from train.main import main, run_argv

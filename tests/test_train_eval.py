@@ -9,11 +9,12 @@ import torch
 
 from loaders import open_clips
 from loaders.presets import KINETICS_MEAN, KINETICS_STD
-from train.data import build_eval_data, multiview_items
+from train.data import build_eval_data
 from train.dist import DistInfo
 from train.engine import evaluate
 from train.main import run_argv
 from train.model import C3D
+from train.protocols import multiview_items
 
 from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
 

@@ -9,14 +9,16 @@ import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Workers set up as the trainer sets them up (ignoring SIGTERM), whose iterator is still held when the
-# interpreter exits: multiprocessing's exit handler would SIGTERM and join them forever.
+# Workers set up as the trainer sets them up (ignoring SIGTERM, the exit handler registered as a run
+# registers it), whose iterator is still held when the interpreter exits: multiprocessing's exit handler
+# would SIGTERM and join them forever.
 SCRIPT = textwrap.dedent("""
     import sys
     import torch
     from torch.utils.data import DataLoader
-    from train.data import ignore_stop_signals
+    from train.workers import end_workers_at_exit, ignore_stop_signals
 
+    end_workers_at_exit()  # what the trainer's entry points do when a run starts
     loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, persistent_workers=True,
                         worker_init_fn=ignore_stop_signals)
     it = iter(loader)
@@ -25,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     print(" ".join(map(str, pids)), flush=True)
     if sys.argv[1] == "unregister":
         import atexit
-        from train.data import kill_workers_left_at_exit
+        from train.workers import kill_workers_left_at_exit
         atexit.unregister(kill_workers_left_at_exit)
 """)
 

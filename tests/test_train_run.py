@@ -162,7 +162,10 @@ def test_setup_errors_are_one_line(tiny_data, tmp_path, capsys, monkeypatch, ext
     if "--resume" in extra:
         _write_two_class_checkpoint(tmp_path / "run")
     if "--loader" in extra:
-        monkeypatch.setattr(train.data, "dali_installed", lambda: False)  # as on a machine without DALI
+        import loaders.dali
+
+        # as on a machine without DALI
+        monkeypatch.setattr(loaders.dali, "missing", lambda: "NVIDIA DALI is not usable here (ImportError)")
     code = main(common(tiny_data, tmp_path / "run") + ["--max-steps", "1", "--batch-size", "8"] + extra)
     assert code == 2
     assert message in one_line_error(capsys)
@@ -188,7 +191,8 @@ def test_device_check_smoke(tiny_data, tmp_path):
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
     """The demo's path (find the converted splits, train, report) with tiny overrides; the full demo takes ~2 min."""
-    from train.demo import demo, report
+    from train.demo import demo
+    from train.main import print_summary
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -197,7 +201,7 @@ def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
     summary = demo(str(out), workers=0, threads=1,
                    extra=["--model-width", "0.0625", "--crop-size", "32", "--epochs", "1", "--eval-every", "1",
                           "--no-progress", "--no-tensorboard"])
-    report(summary)
+    print_summary(summary, per_class=True)
     text = capsys.readouterr().out
     assert "using the converted synthetic dataset" in text
     assert "validation: clip top-1" in text and "confusion matrix:" in text

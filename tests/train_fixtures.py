@@ -69,8 +69,7 @@ def subprocess_env() -> dict[str, str]:
 
 def cpu_config(argv: list[str]) -> TrainConfig:
     """``python -m train ARGV``'s resolved TrainConfig for one process on the CPU (what ``run`` builds)."""
-    from train.args import build_parser
-    from train.config import resolve_config
+    from train.args import build_parser, resolve_config
     from train.dist import DistInfo
 
     return resolve_config(build_parser().parse_args(argv), DistInfo(0, 1, 0, CPU, None))

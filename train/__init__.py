@@ -1,12 +1,18 @@
 """C3D training on converted clip shards: ``python -m train`` or ``torchrun ... -m train``.
 
-Modules: ``model`` (C3D), ``dist`` (process group), ``data`` (loaders seam),
-``schedule`` (optimizer and learning rate), ``checkpoint`` (atomic save, exact
-resume), ``engine`` (train_one_epoch, evaluate), ``metrics`` (evaluation
-numbers, JSON lines, TensorBoard), ``plots`` (PNG figures), ``autobatch``
-(``--batch-size auto``), ``args`` (command line), ``config`` (the run's
-frozen ``TrainConfig``, resolved once from it), ``main``, ``evalcmd`` and ``demo``
-(synthetic data comes from ``convert.synth.synthetic_conversions``).
+Modules: ``model`` (C3D), ``dist`` (process group), ``options`` (declaring a
+setting once: its option, its checks), ``config`` (the run's frozen
+``TrainConfig``, on whose fields every option is declared), ``args`` (the
+command line, and ``resolve_config``: options, machine and data into a
+config), ``data`` (building the loaders: the seam to ``loaders``),
+``protocols`` (evaluation protocols), ``readerrors`` (reader errors as
+one-line TrainErrors), ``workers`` (DataLoader worker processes' signals and
+exit), ``schedule`` (optimizer and learning rate), ``checkpoint`` (atomic
+save, exact resume), ``engine`` (train_one_epoch, evaluate), ``metrics``
+(evaluation numbers, JSON lines, TensorBoard), ``plots`` (PNG figures),
+``autobatch`` (``--batch-size auto``), ``gpustats`` and ``profiling``,
+``main``, ``evalcmd`` and ``demo`` (synthetic data comes from
+``convert.synth.synthetic_conversions``).
 """
 
 from .errors import TrainError

@@ -16,7 +16,7 @@ rather than failing, so there is nothing safe to measure.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -136,7 +136,7 @@ def probe_peak(model: nn.Module, batch: int, shape: tuple[int, int, int], num_cl
         peak = None
     finally:
         model.zero_grad(set_to_none=True)
-        x = y = out = opt = None  # noqa: F841 - free the trial's tensors before the next one
+        x = y = out = opt = None  # free the trial's tensors before the next one
         memory.release()
     return peak
 

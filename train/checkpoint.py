@@ -23,13 +23,15 @@ import pickle
 import random
 import re
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from .config import TrainConfig, flag
+from .config import TrainConfig
 from .errors import TrainError
+from .options import flag
 
 LATEST = "checkpoint.pt"
 

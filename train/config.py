@@ -1,7 +1,13 @@
-"""A run's settings, resolved once: ``TrainConfig``.
+"""A run's settings, resolved once: ``TrainConfig``, where every option of ``python -m train`` is declared.
 
-``python -m train`` parses its command line (``train.args``), then
-``resolve_config`` turns the Namespace into one frozen ``TrainConfig``: the
+Each field is one setting, declared once with ``train.options.option``: its
+type, the command line's default and help, its allowed values and bounds, and
+when it was added after the first checkpoints (``added_later``). The parser
+of ``python -m train`` (``train.args.build_parser``) and the checks below are
+made from these declarations.
+
+``python -m train`` parses its command line, then
+``train.args.resolve_config`` turns the Namespace into one frozen ``TrainConfig``: the
 defaults that depend on the machine (device, ``--amp``, ``--workers``) and on
 the data (clip length, clips per rank and epoch) are filled in, the batch
 decides the steps per epoch and the learning-rate plan, and every value is
@@ -20,20 +26,18 @@ model.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from loaders import default_threads
 from loaders.sampler import ORDERS
 
-from .data import PROTOCOLS, DataShape, check_dataset, dataset_info, train_sampler
-from .dist import DistInfo
 from .errors import TrainError
+from .options import added_later, check_settings, derived, option
+from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
 LOADERS = ("threads", "processes", "dali")
@@ -43,37 +47,8 @@ EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("nccl", "gloo")
 
-# Allowed values of the settings that take a name (None: the setting may be unset).
-_CHOICES: dict[str, tuple] = {"loader": LOADERS, "epoch_mode": EPOCH_MODES, "order": ORDERS, "optimizer": OPTIMIZERS,
-                              "lr_scaling": SCALINGS, "schedule": SCHEDULES, "amp": tuple(AMP_DTYPES),
-                              "eval_protocol": PROTOCOLS, "dist_backend": (None, *BACKENDS)}
-# Smallest allowed value of the integer settings; those in _OPTIONAL may also be None (unset).
-_AT_LEAST: dict[str, int] = {"workers": 0, "crop_size": 1, "clip_len": 1, "downsample": 1, "clips_per_video": 1,
-                             "epochs": 1, "max_steps": 1, "batch_size": 1, "eval_clips": 1, "eval_batch_size": 1,
-                             "accum_steps": 1, "lr_ref_batch": 1, "warmup_steps": 0, "growth_interval": 1,
-                             "keep_last": 1, "early_stop": 1, "eval_every": 0, "ckpt_every": 0, "log_every": 1,
-                             "threads": 1, "profile": 0, "world_size": 1, "epoch_samples": 0,
-                             "steps_per_epoch": 1, "order_block": 1, "order_window": 1}
-# Ranges of the real-valued settings: (low, low included, high, high included); None: no bound.
-_RANGES: dict[str, tuple[float | None, bool, float | None, bool]] = {
-    "model_width": (0.0, False, None, False), "dropout": (0.0, True, 1.0, False),
-    "auto_headroom": (0.0, False, 1.0, True), "lr": (0.0, True, None, False), "max_lr": (0.0, False, None, False),
-    "momentum": (0.0, True, None, False), "weight_decay": (0.0, True, None, False),
-    "lr_step_epochs": (0.0, True, None, False), "lr_gamma": (0.0, True, None, False),
-    "warmup_epochs": (0.0, True, None, False), "label_smoothing": (0.0, True, 1.0, False),
-    "clip_grad_norm": (0.0, False, None, False), "init_scale": (0.0, False, None, False),
-    "ddp_bucket_mb": (0.0, False, None, False)}
-_OPTIONAL = {"max_steps", "batch_size", "eval_batch_size", "warmup_steps", "early_stop", "threads",
-             "steps_per_epoch", "max_lr", "warmup_epochs", "clip_grad_norm"}
-
-
-# Settings newer than some checkpoints, with the value that gives what a run before them did.
-_ADDED: dict[str, Any] = {"order": "random", "order_block": 64, "order_window": 16}
-
-
-def flag(name: str) -> str:
-    """The command-line option of a setting: ``crop_size`` -> ``--crop-size``."""
-    return "--" + name.replace("_", "-")
+# The argument groups of python -m train --help.
+DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,105 +67,165 @@ class TrainConfig:
     (and ``eval_batch_size`` None unless given).
     """
 
-    # data
-    data: str
-    val_data: str | None
-    loader: str
-    workers: int
-    verify_data: bool
-    crop_size: int
-    clip_len: int
-    downsample: int
-    colour_permutation: bool
-    epoch_mode: str
-    clips_per_video: int
-    order: str
-    order_block: int
-    order_window: int
-    no_flip: bool
-    # model
-    model_width: float
-    bn: bool
-    sync_bn: bool
-    dropout: float
-    finetune: str | None
-    compile: bool
-    channels_last: bool
-    # optimisation
-    epochs: int
-    max_steps: int | None
-    batch_size: int | None
-    auto_batch: bool
-    auto_headroom: float
-    eval_protocol: str
-    eval_clips: int
-    eval_batch_size: int | None
-    accum_steps: int
-    optimizer: str
-    lr: float
-    lr_ref_batch: int
-    lr_scaling: str
-    max_lr: float | None
-    momentum: float
-    weight_decay: float
-    schedule: str
-    lr_step_epochs: float
-    lr_gamma: float
-    warmup_steps: int | None
-    warmup_epochs: float | None
-    label_smoothing: float
-    clip_grad_norm: float | None
-    amp: str
-    init_scale: float
-    growth_interval: int
-    # run
-    out: str
-    overwrite: bool
-    resume: bool
-    seed: int
-    device: str
-    dist_backend: str | None
-    ddp_bucket_mb: float
-    grad_as_bucket_view: bool
-    ckpt_every: int
-    keep_last: int
-    early_stop: int | None
-    eval_every: int
-    log_every: int
-    no_progress: bool
-    no_tensorboard: bool
-    threads: int | None
-    profile: int
-    deterministic: bool
-    # derived
-    world_size: int
-    epoch_samples: int
-    steps_per_epoch: int | None
-    lr_plan: LrPlan | None
+    # -- data -------------------------------------------------------------------
+    data: str = option(DATA, "training conversion (folder with manifest.json)", metavar="OUT", required=True)
+    val_data: str | None = option(DATA, "validation conversion (default: no evaluation)", metavar="OUT")
+    loader: str = option(
+        DATA, "reader: threads (default: reader threads in each training process, pinned batch ring), "
+              "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "
+              "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions",
+        default="threads", choices=LOADERS, aliases=LOADER_ALIASES)
+    workers: int = option(
+        DATA, "reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
+              "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
+              "at most 8)", ge=0)
+    verify_data: bool = option(
+        DATA, "check every clip's CRC-32 as it is read: a damaged payload stops the run naming its shard "
+              "and clip (without it, a flipped byte is trained on silently). Costs about 1-5%% of the "
+              "loader's speed (README); python -m convert verify DATA checks whole shards once", default=False)
+    crop_size: int = option(DATA, "square crop fed to the model (default 112)", default=112, ge=1)
+    clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1)
+    downsample: int = option(
+        DATA, "average-pool the crop spatially by this factor on the device (default 1: off; the "
+              "CPU demo crops 128 and feeds 64x64)", default=1, ge=1)
+    colour_permutation: bool = option(
+        DATA, "randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
+              "the crops); for data where colour is a nuisance, such as the synthetic demo", default=False)
+    epoch_mode: str = option(
+        DATA, "clips: an epoch is every stored clip once (default); videos: an epoch is every video "
+              "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
+              "usual Kinetics regime; --loader threads or processes)", default="clips", choices=EPOCH_MODES)
+    clips_per_video: int = option(DATA, "with --epoch-mode videos (default 1)", default=1, ge=1)
+    order: str = option(
+        DATA, "random: each epoch a fresh random order (default); blocks: for shards larger than the "
+              "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
+              "and the clips of each --order-window blocks shuffled together, so that the kernel's "
+              "read-ahead brings in clips read next (README: Shards larger than memory)",
+        default="random", choices=ORDERS, added_later="random")
+    order_block: int = option(DATA, "with --order blocks: clips per block (default 64)", default=64, ge=1,
+                              added_later=64)
+    order_window: int = option(
+        DATA, "with --order blocks: blocks shuffled together (default 16; window x block clips "
+              "should fit in the page cache)", default=16, ge=1, added_later=16)
+    no_flip: bool = option(DATA, "no random horizontal flip in training", default=False)
+    # -- model ------------------------------------------------------------------
+    model_width: float = option(
+        MODEL, "multiplier on conv channels and fc width (default 1.0: the paper's C3D)", default=1.0, gt=0.0)
+    bn: bool = option(MODEL, "BatchNorm3d after every convolution (off in the paper)", default=False)
+    sync_bn: bool = option(MODEL, "with --bn under torchrun: batch statistics over all ranks", default=False)
+    dropout: float = option(MODEL, "dropout after fc6 and fc7 (default 0.5)", default=0.5, ge=0.0, lt=1.0)
+    finetune: str | None = option(
+        MODEL, "start from these weights; the classifier is re-initialised when the class count differs",
+        metavar="CKPT")
+    compile: bool = option(MODEL, "torch.compile the model (slower start, faster steps)", default=False)
+    channels_last: bool = option(
+        MODEL, "channels_last_3d weights and inputs (CUDA only; usually faster convolutions with AMP)", default=False)
+    # -- optimisation -----------------------------------------------------------
+    epochs: int = option(OPTIM, "epochs (default 16, as in the paper); sets the schedule", default=16, ge=1)
+    max_steps: int | None = option(
+        OPTIM, "stop after this many optimizer steps in total, with a checkpoint (the schedule is "
+               "unchanged, so a resumed run continues exactly)", ge=1)
+    batch_size: int | None = option(
+        OPTIM, "clips per optimizer step per process (default 30, the paper's batch), split into "
+               "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom",
+        default=30, ge=1, words=("auto",))
+    auto_batch: bool = derived()
+    auto_headroom: float = option(
+        OPTIM, "with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)",
+        default=0.85, gt=0.0, le=1.0)
+    eval_protocol: str = option(
+        OPTIM, "clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
+               "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)",
+        default="clips", choices=PROTOCOLS)
+    eval_clips: int = option(OPTIM, "clips per video with --eval-protocol 10x3 (default 10; all when a video has "
+                                    "fewer)", default=10, ge=1)
+    eval_batch_size: int | None = option(OPTIM, "clips per evaluation batch (default: --batch-size)", ge=1)
+    accum_steps: int = option(
+        OPTIM, "micro-batches per optimizer step; gradients all-reduce on the last one only", default=1, ge=1)
+    optimizer: str = option(OPTIM, "default sgd (the paper)", default="sgd", choices=OPTIMIZERS)
+    lr: float = option(
+        OPTIM, "learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
+               "the paper's); scaled to batch x processes by --lr-scaling", default=0.003, ge=0.0)
+    lr_ref_batch: int = option(OPTIM, "global batch --lr is given for (default 30)", default=30, ge=1)
+    lr_scaling: str = option(
+        OPTIM, "how --lr follows the global batch: linear (default), sqrt, or none. When the result is "
+               "above --lr and no warm-up is given, a warm-up is added (see --warmup-steps)",
+        default="linear", choices=SCALINGS, also=[("--no-lr-scaling", "none", "the same as --lr-scaling none")])
+    max_lr: float | None = option(OPTIM, "cap on the scaled learning rate (default: none)", gt=0.0)
+    momentum: float = option(OPTIM, "SGD momentum (default 0.9)", default=0.9, ge=0.0)
+    weight_decay: float = option(OPTIM, "on weights, not biases (default 5e-4)", default=5e-4, ge=0.0)
+    schedule: str = option(
+        OPTIM, "step: x --lr-gamma every --lr-step-epochs (the paper: /10 every 4 epochs); "
+               "cosine: to 0 over --epochs; constant", default="step", choices=SCHEDULES)
+    lr_step_epochs: float = option(OPTIM, "step schedule period (default 4 epochs)", default=4.0, ge=0.0)
+    lr_gamma: float = option(OPTIM, "step schedule factor (default 0.1)", default=0.1, ge=0.0)
+    warmup_steps: int | None = option(
+        OPTIM, "linear warm-up from 0, in optimizer steps (default: none when the lr is --lr; when "
+               "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
+               "from --lr; 0 turns it off)", ge=0, exclusive="warmup")
+    warmup_epochs: float | None = option(OPTIM, "linear warm-up from 0, in epochs", ge=0.0, exclusive="warmup")
+    label_smoothing: float = option(
+        OPTIM, "label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)",
+        default=0.0, ge=0.0, lt=1.0)
+    clip_grad_norm: float | None = option(OPTIM, "clip the gradient norm (default: off)", gt=0.0)
+    amp: str = option(
+        OPTIM, "autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
+               "needs CUDA; bf16 also runs on the CPU", choices=tuple(AMP_DTYPES))
+    init_scale: float = option(OPTIM, "fp16 GradScaler initial scale (default 65536)", default=2.0**16, gt=0.0)
+    growth_interval: int = option(
+        OPTIM, "fp16 GradScaler: steps without overflow before the scale doubles (default 2000)",
+        default=2000, ge=1)
+    # -- run --------------------------------------------------------------------
+    out: str = option(RUN, "folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)",
+                      default="runs/c3d")
+    overwrite: bool = option(
+        RUN, "train from scratch into an --out that already holds a run (without it, that is refused "
+             "unless --resume)", default=False)
+    resume: bool = option(
+        RUN, "continue from the newest checkpoint in OUT that loads (same data order, RNG and "
+             "schedule); starts fresh when there is none, so a restart script can always pass it", default=False)
+    seed: int = option(RUN, "data order, augmentation, init and dropout (default 0)", default=0, ge=0)
+    device: str = option(RUN, "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda", default="auto")
+    dist_backend: str | None = option(
+        RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=BACKENDS)
+    ddp_bucket_mb: float = option(
+        RUN, "DDP gradient bucket size (default 25, PyTorch's: C3D's ~320 MB of fp32 gradients make "
+             "~13 buckets, whose all-reduces overlap the backward pass; larger buckets mean fewer, "
+             "later launches)", default=25.0, gt=0.0)
+    grad_as_bucket_view: bool = option(
+        RUN, "gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
+             "~320 MB for C3D, and a memcpy per step)", default=True)
+    ckpt_every: int = option(
+        RUN, "also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
+             "SIGTERM/SIGUSR1 only)", default=0, ge=0)
+    keep_last: int = option(
+        RUN, "checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
+             "checkpoint_best.pt the best by validation video top-1", default=3, ge=1)
+    early_stop: int | None = option(
+        RUN, "stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
+             "--val-data)", ge=1, metavar="PATIENCE")
+    eval_every: int = option(RUN, "evaluate every N epochs (default 1; 0 = only at the end); needs --val-data",
+                             default=1, ge=0)
+    log_every: int = option(RUN, "optimizer steps per metrics.jsonl line (default 10)", default=10, ge=1)
+    no_progress: bool = option(RUN, "no tqdm progress bar", default=False)
+    no_tensorboard: bool = option(RUN, "do not write TensorBoard events even if installed", default=False)
+    threads: int | None = option(
+        RUN, "CPU threads for this process's math (default: PyTorch's choice; torchrun sets 1 per "
+             "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other", ge=1)
+    profile: int = option(
+        RUN, "record a torch.profiler trace of STEPS training steps (after 2 warm-up steps) in "
+             "OUT/profile/ (TensorBoard's profiler plugin reads it); default 0: off",
+        default=0, ge=0, metavar="STEPS")
+    deterministic: bool = option(
+        RUN, "torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)", default=False)
+    # -- derived by the run -----------------------------------------------------
+    world_size: int = derived(ge=1)
+    epoch_samples: int = derived(ge=0)
+    steps_per_epoch: int | None = derived(ge=1)
+    lr_plan: LrPlan | None = derived()  # noqa: RUF009 - a declaration (train.options), not a shared default
 
     def __post_init__(self) -> None:
-        for name, allowed in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                shown = ", ".join("unset" if a is None else a for a in allowed)
-                raise TrainError(f"{flag(name)} {value!r}: expected one of {shown}")
-        for name, low in _AT_LEAST.items():
-            value = getattr(self, name)
-            if value is None and name in _OPTIONAL:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise TrainError(f"{flag(name)} must be an integer >= {low}, got {value!r}")
-        for name, (low, low_in, high, high_in) in _RANGES.items():
-            value = getattr(self, name)
-            if value is None and name in _OPTIONAL:
-                continue
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            ok = ok and (low is None or value > low or (low_in and value == low))
-            ok = ok and (high is None or value < high or (high_in and value == high))
-            if not ok:
-                lo = "" if low is None else ("[" if low_in else "(") + f"{low:g}, "
-                hi = "inf)" if high is None else f"{high:g}" + ("]" if high_in else ")")
-                raise TrainError(f"{flag(name)} must be in {lo}{hi}, got {value!r}")
+        check_settings(self)  # each field as declared above, and the exclusive options
         self._check_combinations()
 
     def _check_combinations(self) -> None:
@@ -211,8 +246,6 @@ class TrainConfig:
                              f"own order: files read in turn through a shuffle buffer)")
         if self.crop_size % self.downsample:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
-        if self.warmup_steps is not None and self.warmup_epochs is not None:
-            raise TrainError("--warmup-steps and --warmup-epochs: give one of them")
         if self.early_stop is not None and (not self.val_data or not self.eval_every):
             raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
         resolved = [self.batch_size, self.steps_per_epoch, self.lr_plan]
@@ -284,7 +317,7 @@ class TrainConfig:
             raise TrainError(f"a config must be a dict, got {type(values).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         # Settings added since the first checkpoints, at the values that reproduce what those runs did.
-        values = {**_ADDED, **values}
+        values = {**added_later(cls), **values}
         missing, unknown = sorted(names - set(values)), sorted(set(values) - names)
         if missing or unknown:
             raise TrainError("config " + "; ".join(
@@ -300,59 +333,4 @@ class TrainConfig:
         return cls(**kw)
 
 
-def default_workers(loader: str) -> int:
-    """``--workers`` when not given: reader threads = this rank's share of the cores (at most 16,
-    ``loaders.default_threads``; the ranks on this node, ``LOCAL_WORLD_SIZE``, share them); worker
-    processes = one fewer (the training process needs a core of its own), at most 8."""
-    threads = default_threads()
-    if loader == "threads":
-        return threads
-    return max(0, min(8, threads - 1))
-
-
-def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | None = None) -> TrainConfig:
-    """The run's ``TrainConfig`` from ``python -m train``'s parsed options, for this process.
-
-    Fills in the defaults that depend on the machine (``info``: device, world
-    size) and on the data (``shape``, read from ``--data`` when not given:
-    clip length, clips per rank and epoch), checks the files the options name,
-    and, unless ``--batch-size auto``, resolves the batch (``with_batch``).
-    """
-    device = info.device
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
-    loader = LOADER_ALIASES.get(args.loader, args.loader)
-    root = check_dataset(args.data, "--data")
-    if args.val_data:
-        check_dataset(args.val_data, "--val-data")
-    if args.finetune and not os.path.isfile(args.finetune):
-        raise TrainError(f"--finetune {args.finetune}: no such file")
-    shape = shape or dataset_info(root, args.crop_size)
-    if args.clip_len is not None and args.clip_len > shape.clip_len:
-        raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
-                         f"frames)")
-    clip_len = args.clip_len or shape.clip_len
-    if args.val_data:
-        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data")
-        if val_shape.clip_len < clip_len:
-            raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
-                             f"{clip_len}")
-    if args.clips_per_video < 1:  # before the sampler below, which would say it less plainly
-        raise TrainError(f"--clips-per-video must be an integer >= 1, got {args.clips_per_video}")
-    try:
-        samples = len(train_sampler(shape.video_clips, epoch_mode=args.epoch_mode,
-                                    clips_per_video=args.clips_per_video, world_size=info.world_size, rank=info.rank,
-                                    seed=args.seed))
-    except ValueError as exc:  # the sampler's own check of a setting (a negative seed...)
-        raise TrainError(f"--data {root}: {exc}") from exc
-    auto = args.batch_size == "auto"
-    given.update(
-        loader=loader, clip_len=clip_len, device=str(device), dist_backend=info.backend,
-        amp=args.amp or ("off" if device.type != "cuda" else "bf16"),
-        workers=default_workers(loader) if args.workers is None else args.workers,
-        batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, steps_per_epoch=None,
-        lr_plan=None)
-    pending = TrainConfig(**given)
-    return pending if auto else pending.with_batch(args.batch_size)
-
-
-__all__ = ["AMP_DTYPES", "LOADERS", "TrainConfig", "default_workers", "flag", "resolve_config"]
+__all__ = ["AMP_DTYPES", "BACKENDS", "EPOCH_MODES", "LOADERS", "LOADER_ALIASES", "OPTIMIZERS", "TrainConfig"]

@@ -9,34 +9,37 @@ of the clips by rank, so gathered results hold each clip exactly once.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import importlib.util
-import multiprocessing.util  # imported before atexit.register below: its exit handler must come first
 import os
-import re
-import signal
-import threading
-import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from loaders import (ClipPreset, DistributedClipSampler, FormatError, ClipDataset, build_loader, loader_meter,
-                     open_clips, to_model_input)
+from loaders import (
+    ClipDataset,
+    ClipPreset,
+    DistributedClipSampler,
+    FormatError,
+    build_loader,
+    loader_meter,
+    open_clips,
+)
 from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
 from .errors import TrainError
+from .protocols import describe_protocol, multiview_items
+from .readerrors import reader_errors
+from .workers import ignore_stop_signals
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-__all__ = ["ClipPreset", "DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data",
-           "check_dataset", "dataset_info", "reading", "to_model_input", "train_sampler"]
+__all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
+           "dataset_info", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -114,8 +117,8 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
     blocks shuffled together; the last partial share is dropped, so every rank
     has the same ``len()``, the clips it trains on per epoch.
     """
-    kw = dict(num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True, order=order,
-              storage_order=storage_order, block=block, window=window)
+    kw: dict[str, Any] = {"num_replicas": world_size, "rank": rank, "shuffle": True, "seed": seed, "drop_last": True,
+                          "order": order, "storage_order": storage_order, "block": block, "window": window}
     if epoch_mode == "videos":
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
@@ -206,36 +209,6 @@ class EvalData:
         close_loader(self.loader)
 
 
-PROTOCOLS = ("clips", "10x3")
-
-
-def describe_protocol(name: str, clips_per_video: int, crop_size: int) -> dict:
-    """The evaluation protocol as it goes into the console line and ``eval/*.json``."""
-    if name == "clips":
-        return {"name": "clips", "clips_per_video": "all", "spatial_crops": 1, "crop_size": crop_size,
-                "text": f"every stored clip, centre {crop_size}x{crop_size} crop; video score = mean softmax"}
-    return {"name": f"{clips_per_video}x3", "clips_per_video": clips_per_video, "spatial_crops": 3,
-            "crop_size": crop_size,
-            "text": f"{clips_per_video} uniformly spaced stored clips per video (all when fewer) x 3 spatial "
-                    f"{crop_size}x{crop_size} crops along the long side; video score = mean softmax"}
-
-
-def multiview_items(video_clips: Sequence[int], clips_per_video: int, crops: int = 3) -> list[tuple[int, int]]:
-    """(spatial crop, clip index) of every view: per video, ``clips_per_video`` uniformly spaced clips x crops.
-
-    Clip ``j`` of ``N`` in a video of ``n`` clips is the one at ``(2j + 1) n // 2N`` (the centres of N
-    equal parts), so N distinct clips when ``n >= N``; all ``n`` clips otherwise.
-    """
-    items: list[tuple[int, int]] = []
-    start = 0
-    for n in (int(c) for c in video_clips):
-        picks = range(n) if n <= clips_per_video else [(2 * j + 1) * n // (2 * clips_per_video)
-                                                       for j in range(clips_per_video)]
-        items += [(s, start + c) for c in picks for s in range(crops)]
-        start += n
-    return items
-
-
 def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     """The crop of training (random, flipped unless --no-flip) or evaluation (centre, or 3 along the long side)."""
     kwargs: dict[str, Any] = {"train": train, "crop_size": cfg.crop_size, "clip_len": cfg.clip_len, "seed": cfg.seed}
@@ -246,135 +219,19 @@ def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     return ClipPreset(**kwargs)
 
 
-def dali_installed() -> bool:
-    """Whether ``nvidia.dali`` can be imported (looked up, not imported: importing it is slow)."""
-    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
-
-
 def dali_builder():
-    """``loaders.dali.build_dali_loader``, or a one-line error when DALI or the module is missing."""
-    if not dali_installed():
-        raise TrainError("--loader dali needs NVIDIA DALI, which is not installed "
-                         "(pip install -e .[dali]: nvidia-dali-cuda120; .[dali-cu13] for DALI's CUDA 13 build; "
-                         "or use --loader lmdb)")
-    try:
-        from loaders.dali import build_dali_loader
-    except ImportError as exc:
-        raise TrainError(f"--loader dali: loaders.dali.build_dali_loader is not available ({exc})") from exc
-    return build_dali_loader
+    """``loaders.dali.build_dali_loader``, or a one-line TrainError saying what to install when DALI is not usable."""
+    from loaders import dali
+
+    reason = dali.missing()
+    if reason is not None:
+        raise TrainError(f"--loader dali needs NVIDIA DALI: {reason}; or use --loader threads")
+    return dali.build_dali_loader
 
 
 def _dali_device(info: DistInfo) -> int | None:
     # DALI's GPU backend on this rank's GPU; on the CPU its CPU backend (same pixels, slower).
     return info.device.index if info.device.type == "cuda" else None
-
-
-@contextlib.contextmanager
-def _reader_errors(flag: str, root: str):
-    """The readers' ValueError / FormatError (a crop that does not fit, a bad seed...) as one-line TrainErrors."""
-    try:
-        yield
-    except (ValueError, FormatError) as exc:
-        raise TrainError(f"{flag} {root}: {exc}") from exc
-
-
-_WORKER_DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited)")
-
-
-def _original_message(exc: BaseException) -> str:
-    """The one-line message of ``exc``; for an error a DataLoader worker raised (re-raised here with the
-    worker's whole traceback as its text), the original error's message, its last line."""
-    text = str(exc).strip()
-    if "Original Traceback" in text:
-        last = text.splitlines()[-1]
-        return re.sub(r"^[\w.]*(?:Error|Exception): ", "", last)
-    return " ".join(text.split())
-
-
-def _worker_death(exc: RuntimeError) -> tuple[str, str | None] | None:
-    """(pids, signal name such as SIGBUS or None) when ``exc`` says a DataLoader worker process died."""
-    pids, sig = None, None
-    seen: BaseException | None = exc
-    while seen is not None:  # torch raises "exited unexpectedly" from the "killed by signal" error
-        m = _WORKER_DIED.search(str(seen))
-        if m:
-            pids = pids or m.group(1).strip()
-            if m.group(2) and sig is None:
-                desc = m.group(2).strip()
-                sig = next((s.name for s in signal.Signals if signal.strsignal(s) == desc), desc)
-        seen = seen.__cause__ or seen.__context__
-    return None if pids is None else (pids, sig)
-
-
-@contextlib.contextmanager
-def reading(flag: str, root: str):
-    """Errors of the readers while batches are read, as one-line TrainErrors naming what to do.
-
-    A damaged clip (a CRC mismatch with ``--verify-data``, a label outside the
-    classes, an undecodable payload) names its shard and clip; a DataLoader
-    worker process killed by a signal (SIGBUS from a damaged LMDB page or a
-    full /dev/shm, SIGSEGV) is named with the signal instead of torch's
-    traceback, which blames shared memory alone.
-    """
-    verify = f"python -m convert verify {root} checks the shards for damage"
-    try:
-        yield
-    except FormatError as exc:
-        raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
-    except RuntimeError as exc:
-        died = _worker_death(exc)
-        if died is None:
-            raise
-        pids, sig = died
-        how = f"was killed by {sig}" if sig else "exited unexpectedly"
-        raise TrainError(f"a loader worker process (pid {pids}) {how} while reading {flag} {root}: {verify}; "
-                         f"the other usual cause is a too-small /dev/shm (docker run --shm-size 8g; or use "
-                         f"--loader threads, which needs none)") from exc
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
-    and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
-    batches until then; the workers end when the trainer closes the loader."""
-    for s in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(s, signal.SIG_IGN)
-
-
-def kill_workers_left_at_exit(grace: float = 2.0) -> int:
-    """End the daemon child processes still alive: SIGTERM, then SIGKILL after ``grace`` s; how many needed
-    the SIGKILL.
-
-    Run at exit (registered below). multiprocessing's own exit handler sends
-    its daemon children SIGTERM and then joins them without a bound, so a
-    DataLoader worker that ignores SIGTERM (ignore_stop_signals) would keep
-    the process from ever exiting. Workers outlive their loader when an
-    error's traceback still holds the loader's iterator at exit (seen: the
-    test process hung at exit in 3 of 8 runs of tests/test_train_reading.py).
-    Daemon children are the ones multiprocessing would end at exit anyway;
-    this only adds the SIGKILL for those that ignore the SIGTERM.
-    """
-    left = [p for p in multiprocessing.active_children() if p.daemon]
-    if not left:
-        return 0
-    if threading.current_thread() is threading.main_thread():
-        # torch's SIGCHLD handler raises when a worker dies by a signal: here that is the intent.
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for p in left:
-        p.terminate()
-    deadline = time.monotonic() + grace
-    for p in left:
-        p.join(max(0.0, deadline - time.monotonic()))
-    stuck = [p for p in left if p.is_alive()]
-    for p in stuck:
-        p.kill()
-    for p in stuck:
-        p.join(5)
-    return len(stuck)
-
-
-# Registered after multiprocessing's exit handler (multiprocessing.util, imported at the top, registers it), so it
-# runs first: atexit calls handlers last-registered first.
-atexit.register(kill_workers_left_at_exit)
 
 
 def _readers(cfg: TrainConfig) -> dict:
@@ -396,60 +253,55 @@ def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> Cl
 def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     """The training loader chosen by ``--loader`` for this rank."""
     root = check_dataset(cfg.data, "--data")
-    with _reader_errors("--data", root):
-        return _train_data(root, cfg, info)
-
-
-def _train_data(root: str, args: TrainConfig, info: DistInfo) -> TrainData:
-    # ``args`` is the run's TrainConfig (the name the DALI branch below has always used).
-    preset = make_preset(args, train=True)
-    if args.loader == "dali":
-        if args.epoch_mode != "clips":
-            raise TrainError("--epoch-mode videos needs --loader lmdb (the DALI reader samples clips)")
-        # The DALI reader shards by rank itself (DistributedClipSampler's order)
-        # and offers the sampler's set_epoch / set_position / state_dict.
-        loader = dali_builder()(root, train=True, batch_size=args.batch_size, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers, verify=args.verify_data)
-        return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, args.batch_size,
-                         int(loader.steps_per_epoch))
-    ds = _dataset(root, True, preset, args)
-    sampler = train_sampler(ds.store.video_clips, epoch_mode=args.epoch_mode, clips_per_video=args.clips_per_video,
-                            world_size=info.world_size, rank=info.rank, seed=args.seed, order=args.order,
-                            storage_order=ds.store.storage_order() if args.order == "blocks" else None,
-                            block=args.order_block, window=args.order_window)
-    loader = build_loader(ds, batch_size=args.batch_size, sampler=sampler, train=True, drop_last=True,
-                          pin_memory=info.device.type == "cuda", **_readers(args))
-    return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, args.batch_size,
-                     len(sampler) // args.batch_size)
+    batch = cfg.batch_size
+    if batch is None:  # with_batch gives it, before the loaders are built
+        raise TrainError("--batch-size auto is not resolved yet (with_batch)")
+    with reader_errors("--data", root):
+        preset = make_preset(cfg, train=True)
+        if cfg.loader == "dali":
+            if cfg.epoch_mode != "clips":
+                raise TrainError("--epoch-mode videos needs --loader threads or processes (the DALI reader samples "
+                                 "clips)")
+            # The DALI reader shards by rank itself (DistributedClipSampler's order)
+            # and offers the sampler's set_epoch / set_position / state_dict.
+            loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
+                                     world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
+                                     workers=cfg.workers, verify=cfg.verify_data)
+            return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
+                             int(loader.steps_per_epoch))
+        ds = _dataset(root, True, preset, cfg)
+        sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
+                                world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
+                                storage_order=ds.store.storage_order() if cfg.order == "blocks" else None,
+                                block=cfg.order_block, window=cfg.order_window)
+        loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
+                              pin_memory=info.device.type == "cuda", **_readers(cfg))
+        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch, len(sampler) // batch)
 
 
 def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:
     """Clips of ``root`` cropped as ``cfg.eval_protocol`` says, split over ranks without padding."""
     check_dataset(root, flag)
-    with _reader_errors(flag, root):
-        return _eval_data(root, cfg, info)
-
-
-def _eval_data(root: str, args: TrainConfig, info: DistInfo) -> EvalData:
-    preset = make_preset(args, train=False)
-    batch = args.eval_batch_size
-    protocol = describe_protocol(args.eval_protocol, args.eval_clips, args.crop_size)
-    if args.loader == "dali" and args.eval_protocol != "clips":
-        raise TrainError(f"--eval-protocol {args.eval_protocol} needs --loader lmdb (the DALI reader cuts one "
-                         f"crop per clip)")
-    if args.loader == "dali":
-        loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
-                                 world_size=info.world_size, device_id=_dali_device(info), seed=args.seed,
-                                 workers=args.workers, verify=args.verify_data)
-        return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
-    ds = _dataset(root, False, preset, args)
-    # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
-    # whose first element the 3-crop preset reads as the crop.
-    items = len(ds) if args.eval_protocol == "clips" else multiview_items(ds.store.video_clips, args.eval_clips)
-    sampler = RankSplit(items, info.rank, info.world_size)
-    # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
-    loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False, pin_memory=info.device.type == "cuda",
-                          persistent_workers=False, drop_last=False, **_readers(args))
-    return EvalData(loader, list(ds.classes), preset.mean, preset.std, len(ds) if isinstance(items, int) else
-                    len(items), protocol)
+    with reader_errors(flag, root):
+        preset = make_preset(cfg, train=False)
+        batch = cfg.eval_batch_size
+        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size)
+        if cfg.loader == "dali" and cfg.eval_protocol != "clips":
+            raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader threads or processes (the DALI reader cuts one "
+                             f"crop per clip)")
+        if cfg.loader == "dali":
+            loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
+                                     world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
+                                     workers=cfg.workers, verify=cfg.verify_data)
+            return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
+        ds = _dataset(root, False, preset, cfg)
+        # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
+        # whose first element the 3-crop preset reads as the crop.
+        items = len(ds) if cfg.eval_protocol == "clips" else multiview_items(ds.store.video_clips, cfg.eval_clips)
+        sampler = RankSplit(items, info.rank, info.world_size)
+        # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
+        loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False,
+                              pin_memory=info.device.type == "cuda", persistent_workers=False, drop_last=False,
+                              **_readers(cfg))
+        return EvalData(loader, list(ds.classes), preset.mean, preset.std,
+                        len(ds) if isinstance(items, int) else len(items), protocol)

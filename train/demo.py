@@ -35,7 +35,9 @@ import os
 import sys
 import time
 
+from .config import TrainConfig
 from .errors import TrainError
+from .options import OneLineParser, settings
 
 RECIPE = ["--model-width", "0.125", "--bn", "--crop-size", "128", "--downsample", "2", "--no-flip",
           "--colour-permutation", "--dropout", "0.2", "--optimizer", "adamw", "--lr", "1e-3", "--no-lr-scaling",
@@ -43,9 +45,14 @@ RECIPE = ["--model-width", "0.125", "--bn", "--crop-size", "128", "--downsample"
           "--epochs", "19", "--eval-every", "5", "--log-every", "8", "--device", "cpu"]
 
 
+def data_paths(out: str) -> tuple[str, str]:
+    """Where the conversion demo writes its training and validation splits: ``OUT/clips_train``, ``OUT/clips_val``."""
+    return os.path.join(out, "clips_train"), os.path.join(out, "clips_val")
+
+
 def ensure_data(out: str, workers: int) -> tuple[str, str]:
     """``OUT/clips_train`` and ``OUT/clips_val``, made by the conversion demo when missing."""
-    train, val = os.path.join(out, "clips_train"), os.path.join(out, "clips_val")
+    train, val = data_paths(out)
     if all(os.path.exists(os.path.join(p, "manifest.json")) for p in (train, val)):
         print(f"using the converted synthetic dataset in {out}", flush=True)
         return train, val
@@ -58,44 +65,54 @@ def ensure_data(out: str, workers: int) -> tuple[str, str]:
 
 
 def demo(out: str, *, workers: int = 1, threads: int | None = None, extra: list[str] | None = None) -> dict:
-    """Convert if needed, train with ``RECIPE`` (plus ``extra`` options), return the run summary."""
-    from .main import run_argv
+    """Convert if needed, train with ``RECIPE`` (plus ``extra`` options), return the run summary.
 
-    train, val = ensure_data(out, workers=0)
-    run_dir = os.path.join(out, "train")
-    argv = ["--data", train, "--val-data", val, "--out", run_dir, "--workers", str(workers), "--overwrite", *RECIPE]
+    The trainer's options are parsed first, so a mistyped one stops the demo
+    before the conversion, which takes a while.
+    """
+    from .args import build_parser
+    from .main import run
+
+    train, val = data_paths(out)
+    argv = ["--data", train, "--val-data", val, "--out", os.path.join(out, "train"), "--workers", str(workers),
+            "--overwrite", *RECIPE]
     if threads:
         argv += ["--threads", str(threads)]
     argv += extra or []
+    args = build_parser().parse_args(argv)
+    ensure_data(out, workers=0)
     print("training: python -m train " + " ".join(argv), flush=True)
     t0 = time.perf_counter()
-    summary = run_argv(argv)
+    summary = run(args)
     summary["wall_seconds"] = time.perf_counter() - t0
     return summary
 
 
-def report(summary: dict) -> None:
-    """The run's summary with per-class accuracy (``train.main.print_summary``)."""
-    from .main import print_summary
-
-    print_summary(summary, per_class=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's own options; the others it is given go to the trainer (``demo``'s ``extra``)."""
+    p = OneLineParser(prog="python -m train demo", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="demo_out", help="folder of the conversion demo (default demo_out, as there)")
+    declared = settings(TrainConfig)
+    declared["workers"].add_to(p, default=1, help="reader threads of the trainer's default --loader threads "
+                                                  "(worker processes with --loader processes); default 1: the "
+                                                  "demo is tuned for two cores")
+    declared["threads"].add_to(p, help="math threads (default: PyTorch's choice)")
+    return p
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m train demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="demo_out", help="folder of the conversion demo (default demo_out, as there)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="reader threads of the trainer's default --loader threads (worker processes with "
-                        "--loader processes); default 1: the demo is tuned for two cores")
-    p.add_argument("--threads", type=int, default=None, help="math threads (default: PyTorch's choice)")
-    args, extra = p.parse_known_args(argv)
+    """``python -m train demo``; returns the exit status (2 with a one-line message for usage and setup errors,
+    1 when the model did not learn)."""
+    from .main import print_summary
+
     try:
+        args, extra = build_parser().parse_known_args(argv)
         summary = demo(args.out, workers=args.workers, threads=args.threads, extra=extra)
     except TrainError as exc:
         print(f"train demo: error: {exc}", file=sys.stderr)
         return 2
-    report(summary)
+    print_summary(summary, per_class=True)
     if summary["eval"]["video_top1"] < 0.5:
         print("the demo model did not learn well enough (video top-1 < 50%)", file=sys.stderr)
         return 1

@@ -120,15 +120,6 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank."""
-    if not active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def all_reduce(values: list[float], device: torch.device, op: str = "sum") -> list[float]:
     """Sum (or min/max) a few numbers across ranks, e.g. a logged loss."""
     if not active():

@@ -7,17 +7,19 @@ import itertools
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from loaders import to_model_input
 from loaders.keyed import keyed_uniform
 
 from . import dist
-from .data import EvalData, TrainData, to_model_input
+from .data import EvalData, TrainData
 from .errors import TrainError
 from .gpustats import GpuStats, format_gpu
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb

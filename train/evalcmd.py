@@ -26,35 +26,41 @@ import torch
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .config import AMP_DTYPES, TrainConfig, default_workers
-from .data import PROTOCOLS, build_eval_data, dataset_info, reading
+from .args import default_workers
+from .config import TrainConfig
+from .data import build_eval_data, dataset_info
 from .engine import evaluate
 from .errors import TrainError
 from .main import eval_line, save_eval, torch_threads
 from .model import C3D, strip_prefixes
+from .options import OneLineParser, settings
+from .readerrors import reading
+from .workers import end_workers_at_exit
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m train eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    """``python -m train eval``'s options; those that are settings of a run are checked as the trainer's are."""
+    p = OneLineParser(prog="python -m train eval", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    declared = settings(TrainConfig)
     p.add_argument("--checkpoint", required=True, metavar="CKPT", help="a trainer checkpoint (checkpoint*.pt)")
     p.add_argument("--data", required=True, metavar="OUT", help="conversion to evaluate on (same class list)")
-    p.add_argument("--eval-protocol", default="clips", choices=PROTOCOLS,
-                   help="clips: every stored clip, centre crop (default); 10x3: --eval-clips uniformly spaced "
-                        "clips x 3 crops per video")
-    p.add_argument("--eval-clips", type=int, default=10, help="clips per video with 10x3 (default 10)")
+    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop (default); 10x3: --eval-clips "
+                                             "uniformly spaced clips x 3 crops per video")
+    declared["eval_clips"].add_to(p, help="clips per video with 10x3 (default 10)")
     p.add_argument("--out", default=None, help="folder for eval/NAME.json (default: the checkpoint's folder)")
     p.add_argument("--export", metavar="FILE", default=None,
                    help="also write per-video scores and mean fc6/fc7 features to this .npz")
-    p.add_argument("--batch-size", type=int, default=16, help="views per batch (default 16)")
-    p.add_argument("--loader", default="threads", choices=("threads", "processes"),
-                   help="reader threads in this process (default) or DataLoader worker processes")
-    p.add_argument("--workers", type=int, default=None,
-                   help="reader threads or worker processes (default: as the trainer's, from this machine's cores)")
-    p.add_argument("--verify-data", action="store_true", help="check every clip's CRC-32 as it is read")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--amp", default=None, choices=tuple(AMP_DTYPES), help="default bf16 on CUDA, off on the CPU")
-    p.add_argument("--threads", type=int, default=None, help="CPU math threads (default: PyTorch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch (default 16)")
+    declared["loader"].add_to(p, choices=("threads", "processes"),
+                              help="reader threads in this process (default) or DataLoader worker processes")
+    declared["workers"].add_to(p, help="reader threads or worker processes (default: as the trainer's, from this "
+                                       "machine's cores)")
+    declared["verify_data"].add_to(p, help="check every clip's CRC-32 as it is read")
+    declared["device"].add_to(p, help="auto, cpu or cuda")
+    declared["amp"].add_to(p, help="default bf16 on CUDA, off on the CPU")
+    declared["threads"].add_to(p, help="CPU math threads (default: PyTorch's choice)")
+    declared["no_progress"].add_to(p, help="no progress bar")
     return p
 
 
@@ -73,7 +79,7 @@ def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistI
     """The checkpoint's config with this evaluation's reading, protocol, batch and device settings."""
     cuda = info.device.type == "cuda"
     return dataclasses.replace(
-        trained, eval_protocol=opts.eval_protocol, eval_clips=opts.eval_clips, eval_batch_size=opts.batch_size,
+        trained, eval_protocol=opts.eval_protocol, eval_clips=opts.eval_clips, eval_batch_size=opts.eval_batch_size,
         loader=opts.loader, workers=default_workers(opts.loader) if opts.workers is None else opts.workers,
         verify_data=opts.verify_data, device=str(info.device), amp=opts.amp or ("bf16" if cuda else "off"),
         channels_last=trained.channels_last and cuda)
@@ -82,8 +88,6 @@ def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistI
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
     info = dist.init_distributed(opts.device)
-    if opts.eval_clips < 1 or opts.batch_size < 1:
-        raise TrainError("--eval-clips and --batch-size must be at least 1")
     saved = ckpt_io.load(opts.checkpoint)
     trained = ckpt_io.saved_config(saved, opts.checkpoint)
     shape = dataset_info(opts.data, trained.crop_size)
@@ -133,8 +137,10 @@ def export(path: str, result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    opts = build_parser().parse_args(argv)
+    """``python -m train eval``; returns the exit status (2 with a one-line message for usage and setup errors)."""
+    end_workers_at_exit()  # where an evaluation starts: its worker processes are ended at exit
     try:
+        opts = build_parser().parse_args(argv)
         with torch_threads(opts.threads):
             run(opts)
     except TrainError as exc:

@@ -53,7 +53,7 @@ def _handle(nvml: Any, device: torch.device) -> Any:
     if uuid is not None:
         try:
             return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        except Exception:  # noqa: BLE001 - an older NVML or another UUID format: fall back to the index
+        except Exception:  # noqa: BLE001, S110 - an older NVML or another UUID format: fall back to the index
             pass
     return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .args import build_parser
+from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
-from .config import TrainConfig, resolve_config
-from .data import build_eval_data, build_train_data, dali_builder, dataset_info, reading
+from .config import TrainConfig
+from .data import build_eval_data, build_train_data, dali_builder, dataset_info
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -31,7 +32,9 @@ from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
-from .schedule import optimizer_for, scheduler_for
+from .readerrors import reading
+from .schedule import build_optimizer, build_scheduler
+from .workers import end_workers_at_exit
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -167,9 +170,23 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: dist.DistInfo) -> tuple[nn.Mo
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train as the parsed options say; returns a summary (final evaluation, speed, where files went).
 
-    The options are resolved once into a frozen ``TrainConfig`` (``train.config``);
-    everything below reads that, and the checkpoint stores it.
+    The start of every training run, in one process or under torchrun (``main``,
+    ``run_argv``, the demo): DataLoader workers still alive at exit are ended
+    then (``end_workers_at_exit``), ``--threads`` holds for the run
+    (``torch_threads``), and the process group is torn down afterwards, after
+    an error too.
     """
+    end_workers_at_exit()
+    try:
+        with torch_threads(args.threads):
+            return _train(args)
+    finally:
+        dist.cleanup()
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any]:
+    # The options are resolved once into a frozen TrainConfig (train.config); everything below reads
+    # that, and the checkpoint stores it.
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
     shape = dataset_info(args.data, args.crop_size)  # checks the folder first
@@ -218,8 +235,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              f"({len(val.classes)}), --data has {classes[:5]}{'...' if len(classes) > 5 else ''} "
                              f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
-        optimizer = optimizer_for(model, cfg)
-        scheduler = scheduler_for(optimizer, cfg)
+        plan, steps = cfg.lr_plan, cfg.steps_per_epoch
+        if plan is None or steps is None:  # with_batch sets them, above
+            raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
+        optimizer = build_optimizer(model, cfg.optimizer, plan.lr, cfg.momentum, cfg.weight_decay)
+        scheduler = build_scheduler(optimizer, schedule=cfg.schedule, steps_per_epoch=steps, epochs=cfg.epochs,
+                                    warmup_steps=plan.warmup_steps, step_epochs=cfg.lr_step_epochs,
+                                    gamma=cfg.lr_gamma, warmup_from=plan.warmup_from)
         # One code path: a disabled scaler passes scale/step/update straight through.
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
                                       growth_interval=cfg.growth_interval)
@@ -262,9 +284,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
                    f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
-                   f"{cfg.global_batch} | lr {cfg.lr_plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
+                   f"{cfg.global_batch} | lr {plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
                    f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
-        _say(info, cfg.lr_plan.why)
+        _say(info, plan.why)
         if rng is not None:
             ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
         criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
@@ -385,22 +407,19 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 with a one-line message for setup errors)."""
-    args = build_parser().parse_args(argv)
+    """Entry point; returns the exit status (2 with a one-line message for usage and setup errors)."""
     try:
-        summary = run_with_threads(args)
-        if summary.get("is_main"):
-            print_summary(summary)
+        summary = run_argv(argv)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return 2
-    finally:
-        dist.cleanup()
+    if summary.get("is_main"):
+        print_summary(summary)
     return 0
 
 
 @contextlib.contextmanager
-def torch_threads(threads: int | None):
+def torch_threads(threads: int | None) -> Iterator[None]:
     """``--threads`` (when given) for the duration of the block; the previous setting comes back after it,
     so library callers get theirs back."""
     before = torch.get_num_threads()
@@ -412,16 +431,7 @@ def torch_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def run_with_threads(args) -> dict[str, Any]:
-    """``run`` with ``--threads`` applied for its duration (``torch_threads``)."""
-    with torch_threads(args.threads):
-        return run(args)
-
-
-def run_argv(argv: list[str]) -> dict[str, Any]:
-    """Parse ``argv`` as the command line would and train; returns ``run``'s summary, raises TrainError."""
-    args = build_parser().parse_args(argv)
-    try:
-        return run_with_threads(args)
-    finally:
-        dist.cleanup()
+def run_argv(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (default: the command line) as ``python -m train`` does and train; returns ``run``'s
+    summary, raises TrainError (for a usage error too, in one line)."""
+    return run(build_parser().parse_args(argv))

@@ -16,7 +16,7 @@ other than 16x112x112 (fc6's input is sized from it).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ class Conv3d(nn.Conv3d):
 
 def scaled(channels: int, width: float) -> int:
     """Channels after the width multiplier (at least 1)."""
-    return max(1, int(round(channels * width)))
+    return max(1, round(channels * width))
 
 
 def _pooled(size: int, kernel: int, pad: int) -> int:

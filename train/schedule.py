@@ -22,15 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .errors import TrainError
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
 
 SCALINGS = ("linear", "sqrt", "none")
 SCHEDULES = ("step", "cosine", "constant")
@@ -148,19 +144,3 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, schedule: str, steps_pe
                          warmup_steps=warmup_steps, step_epochs=step_epochs, gamma=gamma, warmup_from=warmup_from)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def optimizer_for(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """``build_optimizer`` with the config's optimizer at its planned peak lr."""
-    if cfg.lr_plan is None:
-        raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
-    return build_optimizer(model, cfg.optimizer, cfg.lr_plan.lr, cfg.momentum, cfg.weight_decay)
-
-
-def scheduler_for(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """``build_scheduler`` with the config's schedule, steps per epoch and planned warm-up."""
-    if cfg.lr_plan is None or cfg.steps_per_epoch is None:
-        raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
-    return build_scheduler(optimizer, schedule=cfg.schedule, steps_per_epoch=cfg.steps_per_epoch, epochs=cfg.epochs,
-                           warmup_steps=cfg.lr_plan.warmup_steps, step_epochs=cfg.lr_step_epochs, gamma=cfg.lr_gamma,
-                           warmup_from=cfg.lr_plan.warmup_from)

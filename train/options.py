@@ -1,0 +1,307 @@
+"""Each setting declared once: the field of a frozen dataclass, with its command-line form and checks.
+
+A field of ``train.config.TrainConfig`` such as::
+
+    crop_size: int = option("data", "square crop fed to the model (default 112)", default=112, ge=1)
+
+is all there is of ``--crop-size``. ``add_options`` makes the argparse option
+from it: the flag from the field's name, the type from its annotation (a
+``bool`` is a switch), the default and the help, in the named argument group;
+a number is checked as it is parsed (finite, within ``ge``/``gt``/``le``/``lt``),
+so a bad value stops the command line before any work. ``check_settings``
+checks a built config against the same declarations (``None`` only where the
+annotation allows it), and ``added_later`` gives the value that checkpoints
+written before the setting existed load with. Settings the run derives
+(``derived``) are checked the same way but have no option.
+
+``OneLineParser`` reports a usage error as one ``TrainError`` line ending in
+``(see PROG --help)``, naming the closest option to a mistyped one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from .errors import TrainError
+
+
+class _Unset:
+    """The marker of a declaration without ``added_later``."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+_KEY = "train.option"  # the dataclass field metadata key of a declaration
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Option:
+    """How one setting is given and what it may be; see ``option`` for the fields."""
+
+    group: str | None  # None: derived by the run, not on the command line
+    help: str | None
+    default: Any = None
+    choices: tuple[Any, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()
+    words: tuple[str, ...] = ()
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    exclusive: str | None = None
+    also: tuple[tuple[str, Any, str], ...] = ()
+    metavar: str | None = None
+    required: bool = False
+    added_later: Any = UNSET
+
+    def __post_init__(self) -> None:
+        if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
+            raise TypeError("a bound is ge or gt (le or lt), not both")
+        if (self.group is None) != (self.help is None):
+            raise TypeError("an option has a group and a help text; a derived setting neither")
+
+
+def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any] = (),
+           aliases: Mapping[str, str] | None = None, words: Sequence[str] = (), ge: float | None = None,
+           gt: float | None = None, le: float | None = None, lt: float | None = None, exclusive: str | None = None,
+           also: Sequence[tuple[str, Any, str]] = (), metavar: str | None = None, required: bool = False,
+           added_later: Any = UNSET) -> Any:
+    """A dataclass field that is also the option ``--NAME`` in argument group ``group``.
+
+    ``default`` is the command line's (None: the config is given its value when
+    it is resolved, from the machine or the data); ``choices`` the names
+    allowed, ``aliases`` old names the command line still takes (old -> new);
+    ``words`` what the command line takes besides a number (``auto``, which
+    ``resolve_config`` interprets); ``ge``/``gt``/``le``/``lt`` the bounds of a
+    number; options of one ``exclusive`` name are given at most one at a time;
+    ``also`` extra flags that store a constant (flag, value, help).
+    ``added_later``: the setting is newer than some checkpoints, which load
+    with this value (the one that does what runs before it did).
+    """
+    declared = Option(group=group, help=help, default=default, choices=tuple(choices),
+                      aliases=tuple((aliases or {}).items()), words=tuple(words), ge=ge, gt=gt, le=le, lt=lt,
+                      exclusive=exclusive, also=tuple(also), metavar=metavar, required=required,
+                      added_later=added_later)
+    return dataclasses.field(metadata={_KEY: declared})
+
+
+def derived(*, ge: float | None = None) -> Any:
+    """A dataclass field the run derives (no option), checked like one: ``ge`` bounds an integer."""
+    return dataclasses.field(metadata={_KEY: Option(group=None, help=None, ge=ge)})
+
+
+def flag(name: str) -> str:
+    """The command-line option of a setting: ``crop_size`` -> ``--crop-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setting:
+    """A declared field with what its annotation says: ``kind`` (int, float, str, bool or another type, which
+    is checked elsewhere) and whether it may be None (``optional``)."""
+
+    name: str
+    kind: type
+    optional: bool
+    option: Option
+
+    @property
+    def flag(self) -> str:
+        return flag(self.name)
+
+    def _bounds(self) -> str:
+        o = self.option
+        if self.kind is int and o.gt is None and o.le is None and o.lt is None:
+            return "" if o.ge is None else f" >= {_number(o.ge)}"
+        low = f"[{_number(o.ge)}, " if o.ge is not None else f"({_number(o.gt)}, " if o.gt is not None else "(-inf, "
+        high = f"{_number(o.le)}]" if o.le is not None else f"{_number(o.lt)})" if o.lt is not None else "inf)"
+        return f" in {low}{high}"
+
+    def _in_bounds(self, value: float) -> bool:
+        o = self.option
+        # isfinite only for floats: a huge integer (--seed 1e400 written out) would overflow the conversion.
+        finite = not isinstance(value, float) or math.isfinite(value)
+        return (finite and (o.ge is None or value >= o.ge) and (o.gt is None or value > o.gt)
+                and (o.le is None or value <= o.le) and (o.lt is None or value < o.lt))
+
+    def allowed(self) -> str:
+        """What a value must be, after "must be" (``an integer >= 1``, ``in [0, 1)``)."""
+        if self.kind is int:
+            return "an integer" + self._bounds()
+        if self.kind is float:
+            return self._bounds().strip()
+        return {bool: "true or false", str: "a string"}.get(self.kind, f"a {self.kind.__name__}")
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` for this setting, after its flag; None when nothing is."""
+        if value is None and self.optional:
+            return None
+        if self.option.choices:
+            if value in self.option.choices:
+                return None
+            shown = ", ".join(["unset"] * self.optional + [str(c) for c in self.option.choices])
+            return f"{value!r}: expected one of {shown}"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.kind is int:
+            ok = number and isinstance(value, int) and self._in_bounds(value)
+        elif self.kind is float:
+            ok = number and self._in_bounds(value)
+            if isinstance(value, float) and not math.isfinite(value):  # nan is in no range; say why it is refused
+                return f"must be a finite number {self.allowed()}, got {value!r}"
+        elif self.kind in (bool, str):
+            ok = isinstance(value, self.kind)
+        else:
+            return None  # a structured value (the LR plan), checked by its owner
+        return None if ok else f"must be {self.allowed()}, got {value!r}"
+
+    def check(self, value: Any) -> None:
+        """One-line TrainError naming the option when ``value`` is not allowed."""
+        problem = self.problem(value)
+        if problem is not None:
+            raise TrainError(f"{self.flag} {problem}")
+
+    def parse(self, text: str) -> Any:
+        """The command line's text as the value (argparse's ``type``): a word, a checked number, or a name."""
+        o = self.option
+        if text in o.words:
+            return text
+        if self.kind not in (int, float):
+            return dict(o.aliases).get(text, text)
+        words = "".join(f" or {w!r}" for w in o.words)
+        try:
+            value = int(text) if self.kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if self.kind is int else 'a number'}{words}, "
+                                             f"got {text!r}") from None
+        problem = self.problem(value)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem.replace(", got ", f"{words}, got ", 1))
+        return value
+
+    def add_to(self, container: Any, *, flags: Sequence[str] = (), help: str | None = None, default: Any = UNSET,
+               choices: Sequence[Any] | None = None) -> None:
+        """Add this setting's option to an argparse parser or group; a command other than the trainer's may
+        give it other ``flags``, ``help``, ``default`` or ``choices`` (the checks stay the declaration's)."""
+        o = self.option
+        kw: dict[str, Any] = {"dest": self.name, "help": o.help if help is None else help,
+                              "default": o.default if default is UNSET else default}
+        if self.kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction if kw["default"] else "store_true"
+        else:
+            kw.update(type=self.parse, required=o.required)
+            if choices is not None:
+                kw["choices"] = tuple(choices)
+            elif o.choices:  # the old names too, which parse gives their new one
+                kw["choices"] = (*o.choices, *(old for old, _ in o.aliases))
+            if o.metavar:
+                kw["metavar"] = o.metavar
+            elif flags and "choices" not in kw:  # argparse would name the value after dest, not the flag given
+                kw["metavar"] = flags[0].lstrip("-").replace("-", "_").upper()
+        container.add_argument(*(flags or [self.flag]), **kw)
+        for extra, const, text in o.also:
+            container.add_argument(extra, dest=self.name, action="store_const", const=const, help=text)
+
+
+_SETTINGS: dict[type, dict[str, Setting]] = {}
+
+
+def settings(cls: type) -> dict[str, Setting]:
+    """The declared fields of dataclass ``cls`` by name, in declaration order (read once per class)."""
+    if cls in _SETTINGS:
+        return _SETTINGS[cls]
+    hints = typing.get_type_hints(cls)
+    found: dict[str, Setting] = {}
+    for f in dataclasses.fields(cls):
+        declared = f.metadata.get(_KEY)
+        if declared is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with train.options.option or derived")
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = [a for a in args if a is not type(None)]
+        if len(kinds) != 1:
+            raise TypeError(f"{cls.__name__}.{f.name}: annotate one type, or one type | None")
+        found[f.name] = Setting(name=f.name, kind=kinds[0], optional=len(kinds) < len(args), option=declared)
+    _SETTINGS[cls] = found
+    return found
+
+
+def check_settings(config: Any) -> None:
+    """Every declared value of ``config`` checked, then the ``exclusive`` options (at most one of each given)."""
+    declared = settings(type(config))
+    for s in declared.values():
+        s.check(getattr(config, s.name))
+    groups: dict[str, list[Setting]] = {}
+    for s in declared.values():
+        if s.option.exclusive:
+            groups.setdefault(s.option.exclusive, []).append(s)
+    for members in groups.values():
+        if sum(getattr(config, s.name) is not None for s in members) > 1:
+            raise TrainError(f"{' and '.join(s.flag for s in members)}: give one of them")
+
+
+def added_later(cls: type) -> dict[str, Any]:
+    """The settings newer than some checkpoints, with the values such checkpoints load with."""
+    return {s.name: s.option.added_later for s in settings(cls).values() if s.option.added_later is not UNSET}
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Every option declared on dataclass ``cls``, in its argument groups, in declaration order."""
+    groups: dict[str, Any] = {}
+    exclusive: dict[str, Any] = {}
+    for s in settings(cls).values():
+        group = s.option.group
+        if group is None:
+            continue
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        target = groups[group]
+        if s.option.exclusive:
+            if s.option.exclusive not in exclusive:
+                exclusive[s.option.exclusive] = target.add_mutually_exclusive_group()
+            target = exclusive[s.option.exclusive]
+        s.add_to(target)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``TrainError`` line, ending in ``(see PROG --help)``; a mistyped option
+    is named with the closest one there is. The entry points print it and exit with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise TrainError(f"{message} (see {self.prog} --help)")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(self.unrecognized(extra))
+        return parsed
+
+    def unrecognized(self, extra: Sequence[str]) -> str:
+        """The message for arguments no option took: the first unknown option and the closest known one."""
+        unknown = next((a.split("=", 1)[0] for a in extra if a.startswith("-") and not _is_number(a)), None)
+        if unknown is None:
+            return f"unrecognized arguments: {' '.join(extra)}"
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+        return f"unrecognized option {unknown}" + (f"; did you mean {close[0]}?" if close else "")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
