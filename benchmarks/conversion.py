@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared", default=DEFAULT_SHARED, help="folder with the real test videos")
     p.add_argument("--videos", default="50,200",
                    help="comma-separated job sizes: each uses the real videos in turn, as that many videos")
-    p.add_argument("--workers", type=int, default=cpu_count(), help="processes (default: the CPUs this process may use)")
+    p.add_argument("--workers", type=int, default=cpu_count(),
+                   help="processes (default: the CPUs this process may use)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best of each row is shown")
     p.add_argument("--tmp", default=None, help="scratch folder (default: a temp dir, removed after)")
     args = p.parse_args(argv)
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cpu[BASE] / cpu[name]:18.2f} |")
             mbs = {c: _stored_mb(os.path.join(scratch, f"out-{n}", f"lmdb-{c}")) for c in ("raw", "lz4")}
             print("\nstored: " + ", ".join(f"{c} {mb:.0f} MB" for c, mb in mbs.items()) + f"; at this machine's "
-                  f"{speed:.0f} MB/s for new file data, writing raw alone takes {mbs['raw'] / speed / args.workers:.2f} s "
+                  f"{speed:.0f} MB/s for new file data, writing raw alone takes "
+                  f"{mbs['raw'] / speed / args.workers:.2f} s "
                   f"per process, decoding {frames / base:.2f} s")
         print(f"\nfixed start-up: a job on tiny videos ({TINY}, 32 frames each) in a fresh process, "
               f"best of {args.rounds}; seconds\n")

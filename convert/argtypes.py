@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import NoReturn
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -11,7 +12,7 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the full usage is behind --help)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

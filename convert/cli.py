@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .argtypes import OneLineParser, parse_bytes, parse_short_side, parse_size
 from .clips import SHORT_POLICIES
@@ -22,6 +22,9 @@ from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
 from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
+
+if TYPE_CHECKING:
+    from .job import JobOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 
@@ -45,12 +48,13 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    help="shard store: " + "; ".join(f"{b.name} ({b.summary})" for b in BACKENDS.values())
                         + "; default lmdb")
     g.add_argument("--codec", default="raw", choices=list(WRITE_CODECS),
-                   help="clip payload: " + "; ".join(f"{name} ({codec.summary})" for name, codec in WRITE_CODECS.items())
-                        + "; default raw")
+                   help="clip payload: " + "; ".join(f"{name} ({codec.summary})"
+                                                     for name, codec in WRITE_CODECS.items()) + "; default raw")
     size = g.add_mutually_exclusive_group()
     size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
                       help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
-    size.add_argument("--short-side", type=parse_short_side, metavar="S", help="resize so the shorter side is S, keeping aspect")
+    size.add_argument("--short-side", type=parse_short_side, metavar="S",
+                      help="resize so the shorter side is S, keeping aspect")
     g.add_argument("--fps", type=float, help="resample to this frame rate by timestamps (default: keep every frame)")
     g.add_argument("--clip-len", type=int, default=16, help="frames per clip (default 16)")
     g.add_argument("--stride", type=int, default=1, help="take every Nth frame inside a clip (default 1)")
@@ -66,7 +70,8 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    "fixed at the first run")
     g.add_argument("--video-timeout", type=float, default=300.0,
                    help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
-    g.add_argument("--retries", type=int, default=1, help="retries of a video whose decoder crashed or hung (default 1)")
+    g.add_argument("--retries", type=int, default=1,
+                   help="retries of a video whose decoder crashed or hung (default 1)")
     g.add_argument("--retry-failed", action="store_true",
                    help="rerun only: convert again the videos recorded as failed (report.jsonl), finished job "
                         "or not; a video's record is replaced by the new attempt's")
@@ -130,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, "object"]:
+def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOptions]:
     from .job import JobOptions
 
     size = None if args.short_side is not None else (args.size or (128, 171))

@@ -1,16 +1,17 @@
 """Decode one video with PyAV into uint8 RGB frames of a fixed size.
 
-Resizing goes through a libavfilter graph (rotate, scale, then convert to RGB):
-measured about 2x faster than ``VideoFrame.reformat`` on 340x256 Kinetics
-footage. Frame selection for a target fps happens before the graph, so
+Resizing goes through a libavfilter graph (rotate, scale, then convert to RGB),
+which measured faster than ``VideoFrame.reformat`` on Kinetics footage
+(docs/benchmarks.md). Frame selection for a target fps happens before the graph, so
 dropped frames are never scaled.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class FrameSpec:
         """(H, W) of the output for a displayed frame of ``width`` x ``height``."""
         if self.size is not None:
             return self.size
-        s = self.short_side
+        s = cast(int, self.short_side)  # set whenever size is not (__post_init__)
         if width <= height:
             return max(2, round(height * s / width)), s
         return s, max(2, round(width * s / height))
@@ -91,7 +92,7 @@ class VideoDecoder:
         self._last_step = 0.0  # that frame's duration, seconds
         self._last_pts: float | None = None
         # PyAV is imported here, not with the module: the job process plans and
-        # supervises without it (its import is 50-90 ms of the job's start-up).
+        # supervises without it (its import is part of the job's start-up).
         import av
 
         try:
@@ -129,7 +130,7 @@ class VideoDecoder:
     def close(self) -> None:
         self._container.close()
 
-    def __enter__(self) -> "VideoDecoder":
+    def __enter__(self) -> VideoDecoder:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -164,13 +165,13 @@ class VideoDecoder:
         tb = self._tb
         if tb is False:
             # Every frame of the stream has the stream's time base. Reading it
-            # makes a Fraction each time, and multiplying by one more: together
-            # about 3% of decoding. The integers give the same float (both
-            # round the exact quotient once).
+            # makes a Fraction each time, and multiplying by one more: a
+            # measurable part of decoding. The integers give the same float
+            # (both round the exact quotient once).
             base = frame.time_base
             tb = self._tb = (base.numerator, base.denominator) if base else None
         duration = frame.duration
-        if duration and tb:
+        if duration and isinstance(tb, tuple):
             step = duration * tb[0] / tb[1]
         elif self._last_pts is not None and t > self._last_pts:
             step = t - self._last_pts  # no per-frame duration: the gap since the previous frame
@@ -239,7 +240,8 @@ class VideoDecoder:
             return
         period = 1.0 / self.spec.fps
         slot = 0
-        start = held = held_t = None
+        held = None
+        start = held_t = 0.0  # set with the first frame
         for t, frame in self._timed():
             if held is None:
                 start, held, held_t = t, frame, t
@@ -273,7 +275,8 @@ class VideoDecoder:
             w, h = h, w
         out_h, out_w = self.spec.out_size(w, h)
         graph = av.filter.Graph()
-        node = graph.add_buffer(width=frame.width, height=frame.height, format=frame.format.name,
+        node = graph.add_buffer(width=frame.width, height=frame.height,
+                                format=frame.format.name,  # type: ignore[arg-type]  # PyAV takes the name too
                                 time_base=frame.time_base or self._stream.time_base)
         chain = [graph.add(*f.split("=", 1)) for f in rot]
         chain.append(graph.add("scale", f"{out_w}:{out_h}:flags=bilinear"))

@@ -1,9 +1,9 @@
 """Start shard processes by forking a warm server instead of starting Python afresh.
 
-A shard process needs numpy, PyAV, lmdb and this package: about 0.3-0.5 s of
-interpreter start-up and imports on a 2-core VM, paid again for every shard
-(four times in a two-core job of any size), which measured about 18% of all
-the CPU time a 48-video conversion used. The fork server is one
+A shard process needs numpy, PyAV, lmdb and this package: a start of the
+interpreter and its imports, paid again for every shard, which was a large
+share of all the CPU time a small conversion used (docs/benchmarks.md,
+figures quoted in code comments). The fork server is one
 ``python -m convert.forkserver`` per job process that imports all of that
 once, then forks a child per shard (a few milliseconds); the child runs
 ``convert.shard_worker.main`` exactly as ``python -m convert.shard_worker``
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import traceback
-from typing import IO
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         rc = self._collect(timeout)
         if rc is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return rc
 
     def _signal(self, sig: int) -> None:
@@ -308,7 +308,7 @@ def _child(fds: list[int], request: dict, close: list[int]) -> None:
         os.dup2(fd, target)
     for fd in {stdin_fd, stdout_fd, stderr_fd} - {0, 1, 2}:
         os.close(fd)
-    sys.stdin = open(0, "r", closefd=False)
+    sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
     os.chdir(request["cwd"])
@@ -327,6 +327,7 @@ def serve(fd: int) -> int:
     """The server's loop: fork a child per request on socket ``fd``; return when the socket closes."""
     # The imports every child would otherwise repeat (PyAV too: convert.decode imports it on first use).
     import av  # noqa: F401
+
     import convert.shard_worker  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job and its shards; we end with the job
@@ -358,7 +359,8 @@ def serve(fd: int) -> int:
         # Once the job has closed its socket, the children it left running (a
         # job that stopped on one shard's error) still end as they would have
         # as its own: they see their stdin close, finish, and are reaped here.
-        ready, _, _ = select.select([sock, wake_r] if accepting else [wake_r], [], [])
+        watch: list[Any] = [sock, wake_r] if accepting else [wake_r]
+        ready, _, _ = select.select(watch, [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .finalize import finalize
 from .format import MANIFEST, PLAN, SHARD_DIR, FormatError, read_manifest, shard_name

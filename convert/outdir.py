@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from .format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
 from .format.layout import read_json_file

@@ -16,7 +16,17 @@ from dataclasses import asdict, dataclass, field
 
 from .clips import ClipSpec
 from .decode import FrameSpec
-from .format import BACKENDS, FORMAT_NAME, FORMAT_VERSION, PLAN, SHARD_DIR, WRITE_CODECS, DataSpec, get_codec, shard_name
+from .format import (
+    BACKENDS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    PLAN,
+    SHARD_DIR,
+    WRITE_CODECS,
+    DataSpec,
+    get_codec,
+    shard_name,
+)
 from .format.manifest import ClipSettings, FrameSize
 from .sources import Problem, Source, VideoItem
 
@@ -54,7 +64,7 @@ class ConvertConfig:
         self.clip_spec()
 
     def frame_spec(self, threads: int = 1) -> FrameSpec:
-        return FrameSpec(size=tuple(self.size) if self.size else None, short_side=self.short_side,
+        return FrameSpec(size=(self.size[0], self.size[1]) if self.size else None, short_side=self.short_side,
                          fps=self.fps, threads=threads)
 
     def clip_spec(self) -> ClipSpec:
@@ -65,7 +75,7 @@ class ConvertConfig:
         """What defines the stored data: the manifest's fields that every shard stores too (FORMAT.md)."""
         return DataSpec(
             backend=self.backend, codec=self.codec, codec_id=get_codec(self.codec).id, classes=tuple(classes),
-            clip_shape=(self.clip_len, *self.size, 3) if self.size else None,  # type: ignore[arg-type]
+            clip_shape=(self.clip_len, self.size[0], self.size[1], 3) if self.size else None,
             frame_size=FrameSize(size=tuple(self.size) if self.size else None, short_side=self.short_side),  # type: ignore[arg-type]
             fps=self.fps,
             clip=ClipSettings(clip_len=self.clip_len, stride=self.stride, step=self.clip_spec().start_step,
@@ -78,7 +88,7 @@ class ConvertConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ConvertConfig":
+    def from_dict(cls, d: dict) -> ConvertConfig:
         d = dict(d)
         d["size"] = tuple(d["size"]) if d.get("size") else None
         return cls(**d)
@@ -110,7 +120,7 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         return cls(
             config=ConvertConfig.from_dict(d["config"]),
             classes=d["classes"],
@@ -193,6 +203,8 @@ def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: st
     if existing.config.backend != config.backend:
         raise PlanError(f"{out}: holds {existing.config.backend} shards, asked for {config.backend}; use another OUT")
     if diffs:
-        raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use another OUT or the same options")
+        raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use another OUT or the "
+                        f"same options")
     if existing.source.get("path") != source_info.get("path"):
-        raise PlanError(f"{out}: was converted from {existing.source.get('path')}, not {source_info.get('path')}; use another OUT")
+        raise PlanError(f"{out}: was converted from {existing.source.get('path')}, not {source_info.get('path')}; "
+                        f"use another OUT")

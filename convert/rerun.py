@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .format import PLAN, SUMMARY_KEYS, FormatError, Manifest, ShardMissing, get_backend, shard_name
 from .format.layout import write_json_atomic

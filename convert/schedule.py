@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from .format.system import cpu_count
 from .plan import Plan
@@ -40,17 +41,16 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     indices = range(len(plan.shards)) if indices is None else sorted(indices)
     if len(indices) > workers:
         # Longest first: a worker that draws a short shard last does not leave
-        # the others waiting on a long one. On 200 videos in 4 shards on 2
-        # cores the plan's order left one core idle for 1.0-1.1 s at the end
-        # of an 11 s job; by file size, 0-0.3 s.
+        # the others waiting on a long one (the plan's order left a core idle
+        # at the end of a job: docs/benchmarks.md).
         weight = {i: _source_bytes(plan.shards[i]) for i in indices}
         indices = sorted(indices, key=lambda i: -weight[i])
     retry = retry or {}
     # joblib schedules the shards on every machine: its threading backend here
     # (a supervisor only waits on its shard process's pipe; the decoding runs
     # in the shard processes, one per core), its Dask backend on a cluster.
-    # Importing joblib costs about 0.1 s of a job's start-up, which is why it
-    # is imported here and not with the module.
+    # Importing joblib is a noticeable part of a job's start-up, which is why
+    # it is imported here and not with the module.
     from joblib import Parallel, delayed, parallel_config
 
     tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]

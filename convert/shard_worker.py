@@ -16,13 +16,24 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
-from .format import DAMAGED_DIR, MANIFEST, ShardDamaged, ShardWriter, StoreError, VideoRecord, get_backend, shard_meta
+from .format import (
+    DAMAGED_DIR,
+    MANIFEST,
+    PLAN,
+    ShardDamaged,
+    ShardWriter,
+    StoreError,
+    VideoRecord,
+    get_backend,
+    shard_meta,
+)
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
 
@@ -169,6 +180,8 @@ def main(argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     install_hook()
     plan = load_plan(out)
+    if plan is None:  # the job writes it before it starts a shard: the supervisor reports this from the log
+        raise FileNotFoundError(f"no {PLAN} in OUT, so no shard to convert")
     items = plan.shards[index]
     options = get_backend(plan.config.backend).make_options(opts.get("store"))
     try:

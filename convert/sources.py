@@ -166,11 +166,13 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
             problems.append(Problem(stem, csv_path, "rejected", f"line {n}: no label"))
             continue
         if not yid or "/" in yid or "\\" in yid or yid.startswith("."):
-            problems.append(Problem(stem, csv_path, "rejected", f"line {n}: youtube_id {yid!r} would leave the video root"))
+            problems.append(Problem(stem, csv_path, "rejected",
+                                    f"line {n}: youtube_id {yid!r} would leave the video root"))
             continue
         path = index.get(stem)
         if path is None:
-            problems.append(Problem(stem, os.path.join(videos, stem + ".mp4"), "missing", "no video file with this name under the video root"))
+            problems.append(Problem(stem, os.path.join(videos, stem + ".mp4"), "missing",
+                                    "no video file with this name under the video root"))
             continue
         entries.append((stem, path, row["label"]))
     if not entries and not problems:

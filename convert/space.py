@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import shutil
 import threading
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .format import get_codec
 from .plan import Plan, PlanError
 from .rerun import HeldRecords
 from .sources import VideoItem
-
 
 SPACE_SAMPLE = 16  # videos probed to estimate the space a job needs
 

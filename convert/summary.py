@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from .format import REPORT
 

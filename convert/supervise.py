@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import IO, Any, cast
 
 from . import forkserver
 from .format import LOG_DIR, PROGRESS_DIR, shard_name
@@ -101,7 +102,7 @@ def shard_env() -> dict[str, str]:
     # Every clip allocates a few MB (frames, the value, LMDB's overflow
     # pages) and frees them again. glibc would hand such blocks back to the
     # kernel each time and fault fresh zeroed pages in for the next clip;
-    # keeping them in the heap measured about 6% more conversion throughput.
+    # keeping them in the heap measured faster (docs/benchmarks.md).
     for name, value in _MALLOC_ENV.items():
         env.setdefault(name, value)
     return env
@@ -130,24 +131,27 @@ class _Child:
         args = {"threads": opts.threads, "store": dataclasses.asdict(opts.store) if opts.store is not None else None,
                 "max_memory": opts.max_memory}
         argv = [out, str(index), json.dumps(args)]
-        # Forked from a server that has imported everything already: a few ms
-        # instead of 0.3-0.5 s of start-up per shard (see convert.forkserver).
+        # Forked from a server that has imported everything already: a fork
+        # instead of an interpreter's start-up per shard (see convert.forkserver).
         proc = forkserver.spawn(argv, env=env, stderr=log.fileno()) if _use_forkserver() else None
         self.proc = proc or subprocess.Popen([sys.executable, "-m", "convert.shard_worker", *argv],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env)
         log.close()
+        # Both ways of starting it give the process pipes for stdin and stdout.
+        self.stdin = cast(IO[bytes], self.proc.stdin)
+        self.stdout = cast(IO[bytes], self.proc.stdout)
         self._buf = b""
 
     def send(self, obj: dict) -> None:
         try:
-            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-            self.proc.stdin.flush()
+            self.stdin.write((json.dumps(obj) + "\n").encode())
+            self.stdin.flush()
         except BrokenPipeError:
             pass  # the process has died: the next read sees its end and asks why
 
     def read(self, timeout: float | None) -> dict | None:
         """The next answer; None when the process died; TimeoutError when it hangs."""
-        fd = self.proc.stdout.fileno()
+        fd = self.stdout.fileno()
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buf:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -187,7 +191,7 @@ class _Child:
         return cause or describe_exit(rc, "shard process")
 
     def close(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.stdin, self.stdout):
             try:
                 stream.close()
             except OSError:

@@ -11,8 +11,9 @@ conversion path is exercised as on real data.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import av
 import numpy as np
@@ -110,7 +111,7 @@ def make_dataset(root: str, *, per_class: int = 8, seconds: float = 2.0, seed: i
     return paths
 
 
-def synthetic_conversions(root: str, configs: Mapping[str, "ConvertConfig"], *, per_class: int,
+def synthetic_conversions(root: str, configs: Mapping[str, ConvertConfig], *, per_class: int,
                           seconds: float = 2.0, seed: int = 0, videos: str = "videos", workers: int = 0,
                           shards: int | None = None, progress: bool = False,
                           report: Callable[[str, str, dict], None] | None = None) -> dict[str, str]:
@@ -123,8 +124,8 @@ def synthetic_conversions(root: str, configs: Mapping[str, "ConvertConfig"], *, 
     rendering and converting (0: every core). ``report(name, folder, result)``
     is called after each conversion this call runs (``run_job``'s result).
     """
-    from .job import JobOptions, run_job
     from .format.system import cpu_count
+    from .job import JobOptions, run_job
 
     src = os.path.join(root, videos)
     make_dataset(src, per_class=per_class, seconds=seconds, seed=seed, workers=workers or cpu_count())

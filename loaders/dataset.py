@@ -23,7 +23,8 @@ import math
 import operator
 import time
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ class ClipDataset(Dataset):
                       ("flip", flip, True), ("multiscale", multiscale, None))
             clash = [f"{k}={v!r} (preset has {getattr(preset, k)!r})" for k, v, default in fields
                      if v != default and v != getattr(preset, k)
-                     and not (k == "multiscale" and tuple(v) == getattr(preset, k))]
+                     and not (k == "multiscale" and isinstance(v, (tuple, list)) and tuple(v) == getattr(preset, k))]
             if clash:
                 raise ValueError(f"arguments disagree with the preset: {', '.join(clash)}")
             if preset.train != train:
@@ -226,8 +227,8 @@ class ClipDataset(Dataset):
         return int(clips), float(seconds)
 
     def __repr__(self) -> str:
-        return (f"ClipDataset({self.root!r}, {self.store.backend.name}, {len(self)} clips, {len(self.classes)} classes, "
-                f"out {self.clip_shape}, {self.preset})")
+        return (f"ClipDataset({self.root!r}, {self.store.backend.name}, {len(self)} clips, "
+                f"{len(self.classes)} classes, out {self.clip_shape}, {self.preset})")
 
 
 def __getattr__(name: str) -> Any:
@@ -238,4 +239,4 @@ def __getattr__(name: str) -> Any:
         return ClipDataset
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["ClipBatch", "ClipDataset", "LmdbClipDataset", "collate"]
+__all__ = ["ClipBatch", "ClipDataset", "collate"]  # and LmdbClipDataset, deprecated (module __getattr__)

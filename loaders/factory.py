@@ -9,7 +9,8 @@ process, preallocated pinned batches); otherwise a ``DataLoader`` with
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -82,7 +83,7 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
         raise ValueError("shuffle is the sampler's job: pass sampler=DistributedClipSampler(..., shuffle=...)")
     if sampler is None:
         seed = getattr(getattr(dataset, "preset", None), "seed", 0)
-        sampler = DistributedClipSampler(len(dataset), shuffle=train, seed=seed)
+        sampler = DistributedClipSampler(len(dataset), shuffle=train, seed=seed)  # type: ignore[arg-type]
     if threads is not None:
         extra = sorted(set(kw) - {"timeout"})
         if extra:

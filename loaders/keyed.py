@@ -4,11 +4,10 @@ Augmentation and sampling are keyed, never drawn from a stream, so a sample's
 crop does not depend on which thread, worker, rank or resume point produced
 it. The generator is SplitMix64's finaliser over the key (Steele, Lea and
 Flood 2014): a few integer operations per draw. Not ``np.random.default_rng(key)``:
-building its SeedSequence and PCG64 costs about 27 us per key, which a
-loader paid per clip while holding the GIL (about 30 us of a 280-550 us raw
-clip read, serial across reader threads), and numpy does not promise that
-``default_rng``'s stream stays the same across versions; this one is defined
-here, bit for bit.
+building its SeedSequence and PCG64 per key cost a loader a sizeable part of
+each raw clip read while holding the GIL, serial across reader threads
+(docs/benchmarks.md), and numpy does not promise that ``default_rng``'s stream
+stays the same across versions; this one is defined here, bit for bit.
 
 Two forms of one function: ``mix64`` on numpy uint64 arrays (vectorised
 samplers) and ``mix64_int`` on Python ints (one clip's few draws, where numpy

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -218,7 +218,7 @@ def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *
     if p.out_size is not None and tuple(p.out_size) != (p.h, p.w):
         # Flip first, then resize: the resize gathers pixels anyway, so the
         # reversed view costs nothing extra there.
-        return resize_bilinear(view[:, :, ::-1] if p.flip else view, tuple(p.out_size), out=out)
+        return resize_bilinear(view[:, :, ::-1] if p.flip else view, p.out_size, out=out)
     if out is None:
         out = np.empty(view.shape, dtype=np.uint8)  # never a view: the source may be a read buffer
     elif out.shape != view.shape:
@@ -226,13 +226,13 @@ def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *
     if not p.flip:
         out[...] = view
     else:
-        # One strided numpy copy per channel: exact, about 0.23 ms for a
-        # 16x112x112 crop here, the same in any thread or process, and it
-        # releases the GIL. Measured against it: a reversed view copied whole
-        # (numpy then steps through 3-byte pixels, 1.1 ms), a 3-byte void dtype
-        # (0.53), reversing bytes then swapping R and B (0.51), and torch.flip,
-        # whose 0.12-1.4 ms depends on torch's process-wide thread count (its
-        # intra-op pool stalls when called from many loader threads at once).
+        # One strided numpy copy per channel: exact, the same in any thread or
+        # process, and it releases the GIL. Slower, measured against it
+        # (docs/benchmarks.md): a reversed view copied whole (numpy then steps
+        # through 3-byte pixels), a 3-byte void dtype, reversing bytes then
+        # swapping R and B, and torch.flip, whose speed depends on torch's
+        # process-wide thread count (its intra-op pool stalls when called from
+        # many loader threads at once).
         for c in range(view.shape[3]):
             out[..., c] = view[:, :, ::-1, c]
     return out

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,7 +113,7 @@ def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: _Numpy
     return placed[np.lexsort((rng.random(m), window_of))]
 
 
-def _check_order(order: str, storage_order: np.ndarray | None, n: int, block: int, window: int,
+def _check_order(order: str, storage_order: Sequence[int] | np.ndarray | None, n: int, block: int, window: int,
                  shuffle: bool) -> np.ndarray | None:
     """The storage rank of every clip for ``order="blocks"`` (None for random order), after checking the settings."""
     if order not in ORDERS:
@@ -146,7 +147,8 @@ class EpochPosition:
 
     epoch: int
     position: int
-    num_samples: int
+    # This rank's samples per epoch: an attribute of the sampler, a property of the DALI loaders.
+    num_samples: Any
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; moving to another epoch restarts at position 0."""
@@ -165,7 +167,8 @@ class EpochPosition:
         self.position = position
 
     def state_dict(self, consumed: int | None = None) -> dict:
-        """``{"epoch", "position"}``; ``consumed``: samples this rank has used this epoch (default: the position set)."""
+        """``{"epoch", "position"}``; ``consumed``: samples this rank has used this epoch (default: the position
+        set)."""
         position = self.position if consumed is None else operator.index(consumed)
         return {"epoch": self.epoch, "position": position}
 
@@ -346,8 +349,8 @@ class VideoEpochSampler(DistributedClipSampler):
 
         Clip ``j`` of video ``v`` gets the key hash(seed, epoch, v, j); a video
         takes its ``k`` clips of smallest key. Vectorised (a generator per
-        video would cost seconds per epoch at Kinetics scale: 7 s for 240,000
-        videos here), and still keyed by (seed, epoch, video) alone.
+        video would cost seconds per epoch at Kinetics scale), and still keyed
+        by (seed, epoch, video) alone.
         """
         n, k = self.n, self.k
         video = np.repeat(np.arange(self.num_videos, dtype=np.uint64), self.video_count)

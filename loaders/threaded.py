@@ -4,8 +4,8 @@ Why threads: everything a reader does per clip runs in C without the GIL (an
 LMDB read is a pointer into the map, a TFRecord read a view of a memory-mapped
 file; numpy's crop and flip copies, LZ4 block decompression and libjpeg-turbo
 through simplejpeg all release it). Worker processes instead must hand every
-batch over in fresh shared memory, which on the 2-core development VM caps even
-a bare read-and-copy at about 1,600 clips/s against 10,000 in one thread.
+batch over in fresh shared memory, which caps even a bare read-and-copy far
+below what one thread reads (docs/benchmarks.md).
 
 How it works: the sampler's items are cut into batches exactly as
 ``DataLoader`` cuts them (same order, same ``drop_last``); each batch gets a
@@ -38,9 +38,10 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -79,7 +80,7 @@ class _Pool:
                 continue
             try:
                 future.set_result(fn(*args))
-            except BaseException as exc:  # handed to the consumer, which re-raises it
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
                 future.set_exception(exc)
 
     def submit(self, fn: Callable, *args: Any) -> Future:
@@ -117,7 +118,7 @@ class _InlinePool:
         future: Future = Future()
         try:
             future.set_result(fn(*args))
-        except BaseException as exc:  # raised by the consumer, as from a thread
+        except BaseException as exc:  # noqa: BLE001 - raised by the consumer, as from a thread
             future.set_exception(exc)
         return future
 
@@ -189,11 +190,11 @@ class ThreadedClipLoader:
         self.pin_memory = torch.cuda.is_available() and (pin_memory is None or bool(pin_memory))
         self._fields = dataset.batch_fields()
         # Tasks per batch: enough that the batches in flight keep every thread busy. Whole
-        # batches where prefetch allows (measured 5-12% faster than halves on 2 threads:
-        # fewer hand-overs, and the threads do not finish together and queue for the GIL),
+        # batches where prefetch allows (measured faster than halves: fewer hand-overs, and
+        # the threads do not finish together and queue for the GIL),
         # slices of each batch when there are more threads than batches in flight.
         self._parts = max(1, math.ceil(threads / prefetch))
-        self._pool: _Pool | None = None
+        self._pool: _Pool | _InlinePool | None = None
         self._slots: list[_Slot] | None = None
         self._epoch: _EpochIterator | None = None
         self._lock = threading.Lock()
@@ -203,7 +204,7 @@ class ThreadedClipLoader:
         self._depth_n = 0
 
     def __len__(self) -> int:
-        n = len(self.sampler)
+        n = len(self.sampler)  # type: ignore[arg-type]  # the samplers it takes have a length
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[dict]:
@@ -213,7 +214,7 @@ class ThreadedClipLoader:
             self._pool = _Pool(self.threads, "clip-reader") if self.threads else _InlinePool()
             # One slot per batch in flight plus the one the consumer holds.
             self._slots = [_Slot(self._fields, self.batch_size, self.pin_memory) for _ in range(self._ahead() + 1)]
-        self._epoch = _EpochIterator(self, self._slots)
+        self._epoch = _EpochIterator(self, self._slots or [])
         return self._epoch
 
     def _ahead(self) -> int:
@@ -275,7 +276,7 @@ class ThreadedClipLoader:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the daemon threads die with the process anyway
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the daemon threads die with the process anyway
             pass
 
     def __repr__(self) -> str:
@@ -313,6 +314,8 @@ class _EpochIterator:
             if items is None:
                 self.done = True
                 break
+            if pool is None:  # the loader was closed under this iterator
+                raise RuntimeError("the threaded loader was closed while its epoch was being read")
             slot = self.free.popleft()
             tasks = [(pool.submit(loader._fill, slot, items, a, b), a, b)
                      for a, b in _slices(len(items), loader._parts)]
@@ -330,7 +333,7 @@ class _EpochIterator:
             slot.event.record()
         self.free.append(slot)
 
-    def __iter__(self) -> "_EpochIterator":
+    def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> dict:

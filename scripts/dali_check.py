@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

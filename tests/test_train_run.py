@@ -37,7 +37,7 @@ def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):
     run_argv(common(tiny_data, tmp_path / "b") + args + ["--max-steps", "3"])
     mid = final_state(tmp_path / "b")
     assert (mid["step"], mid["epoch"], mid["epoch_step"]) == (3, 0, 3)
-    assert mid["sampler"] == {"epoch": 0, "position": 24}  # 3 batches of 8 used in epoch 0
+    assert mid["sampler"] == {"epoch": 0, "position": 24, "scheme": 2}  # 3 batches of 8 used in epoch 0
     b = run_argv(common(tiny_data, tmp_path / "b") + args + ["--resume"] + ["--workers", "1"])
     assert b["step"] == 10
     sa, sb = final_state(tmp_path / "a"), final_state(tmp_path / "b")

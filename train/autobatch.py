@@ -59,7 +59,7 @@ def plan_batch(peak_at: Callable[[int], int | None], capacity: int, *, start: in
         failed = b
         b = max(best, int(b * 0.9))
     for _ in range(refine if failed is not None else 0):
-        if failed - best <= 1:
+        if failed is None or failed - best <= 1:
             break
         mid = (best + failed) // 2
         p = peak_at(mid)
@@ -171,10 +171,9 @@ def find_batch_size(model: nn.Module, *, shape: tuple[int, int, int], num_classe
         return cache[b]
 
     # cuDNN's autotuner off while probing: with it on, every new batch size
-    # re-tunes each 3D convolution. Measured on an H200 (full C3D, bf16,
-    # channels-last): one probe at 1406 clips took 79 s with it on, and the
-    # whole search 19.5 s with it off (1266 clips at 85% headroom); the
-    # trainer's first steps tune for the batch chosen.
+    # re-tunes each 3D convolution, and one probe took longer than the whole
+    # search with it off (on an H200: docs/benchmarks.md); the trainer's
+    # first steps tune for the batch chosen.
     was = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:

@@ -39,7 +39,8 @@ LATEST = "checkpoint.pt"
 def rng_state() -> dict[str, Any]:
     """All RNG states as tensors and numbers."""
     version, mt, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    np_keys = np.asarray(np_keys)
     state: dict[str, Any] = {
         "python": {"version": version, "state": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
         "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),

@@ -81,8 +81,9 @@ class TrainConfig:
               "at most 8)", ge=0)
     verify_data: bool = option(
         DATA, "check every clip's CRC-32 as it is read: a damaged payload stops the run naming its shard "
-              "and clip (without it, a flipped byte is trained on silently). Costs about 1-5%% of the "
-              "loader's speed (README); python -m convert verify DATA checks whole shards once", default=False)
+              "and clip (without it, a flipped byte is trained on silently). Costs a few per cent of the "
+              "loader's speed (docs/benchmarks.md); python -m convert verify DATA checks whole shards once",
+        default=False)
     crop_size: int = option(DATA, "square crop fed to the model (default 112)", default=112, ge=1)
     clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1)
     downsample: int = option(
@@ -100,7 +101,7 @@ class TrainConfig:
         DATA, "random: each epoch a fresh random order (default); blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
               "and the clips of each --order-window blocks shuffled together, so that the kernel's "
-              "read-ahead brings in clips read next (README: Shards larger than memory)",
+              "read-ahead brings in clips read next (docs/reading.md: shards larger than memory)",
         default="random", choices=ORDERS, added_later="random")
     order_block: int = option(DATA, "with --order blocks: clips per block (default 64)", default=64, ge=1,
                               added_later=64)

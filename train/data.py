@@ -287,8 +287,8 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
         batch = cfg.eval_batch_size
         protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size)
         if cfg.loader == "dali" and cfg.eval_protocol != "clips":
-            raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader threads or processes (the DALI reader cuts one "
-                             f"crop per clip)")
+            raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader threads or processes (the DALI "
+                             f"reader cuts one crop per clip)")
         if cfg.loader == "dali":
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,

@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -25,7 +25,10 @@ from .gpustats import GpuStats, format_gpu
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
     from .config import TrainConfig
+    from .model import C3D
 
 
 @dataclass
@@ -138,7 +141,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
-def train_one_epoch(model: nn.Module, ddp: nn.Module | None, criterion: nn.Module,
+def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                     data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
                     save: Callable[[TrainState], None], world_size: int = 1) -> str | None:
@@ -317,7 +320,7 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
         feats = None
         with _autocast(device, amp_dtype):
             if features:
-                fc6, fc7, logits = model.forward_with_features(x)
+                fc6, fc7, logits = cast("C3D", model).forward_with_features(x)
                 feats = {"fc6": fc6, "fc7": fc7}
             else:
                 logits = model(x)

@@ -98,7 +98,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     cfg = eval_config(trained, opts, info)
     model.to(info.device).eval()
     if cfg.channels_last:
-        model.to(memory_format=torch.channels_last_3d)
+        model.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]  # torch's stub lacks it
     data = build_eval_data(opts.data, cfg, info, "--data")
     try:
         with reading("--data", opts.data):

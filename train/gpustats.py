@@ -19,8 +19,8 @@ class GpuStats:
     """Samples one GPU's utilisation (percent of the last sample period busy) and memory in use."""
 
     def __init__(self, device: torch.device, nvml: Any = None) -> None:
-        self.nvml = None
-        self.handle = None
+        self.nvml: Any = None
+        self.handle: Any = None
         if device.type != "cuda":
             return
         try:

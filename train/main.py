@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo) -> C3
         _say(info, f"fine-tuning from {cfg.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
     model.to(info.device)
     if cfg.channels_last:
-        model.to(memory_format=torch.channels_last_3d)
+        model.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]  # torch's stub lacks it
     # Per-rank streams from here on, so ranks draw different dropout masks.
     torch.manual_seed(cfg.seed + 1000 * info.rank)
     random.seed(cfg.seed + 1000 * info.rank)
@@ -94,6 +94,7 @@ def auto_batch(cfg: TrainConfig, model: nn.Module, num_classes: int, info: dist.
     DDP-wrapped, so no trial step waits on another rank), then one all-reduce
     takes the minimum; a rank whose probe failed sends 0 and all ranks stop.
     """
+    local: int | TrainError
     try:
         local, details = find_batch_size(model, shape=(cfg.clip_len, cfg.model_crop, cfg.model_crop),
                                          num_classes=num_classes, device=info.device, amp_dtype=cfg.amp_dtype,
@@ -163,7 +164,7 @@ def wrap(model: nn.Module, cfg: TrainConfig, info: dist.DistInfo) -> tuple[nn.Mo
                                       gradient_as_bucket_view=cfg.grad_as_bucket_view)
         model = ddp
     if cfg.compile:
-        model = torch.compile(model)
+        model = cast(nn.Module, torch.compile(model))
     return model, ddp
 
 
@@ -236,7 +237,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                              f"({len(classes)}): label numbers would differ; {ckpt_io.CLASSES_HINT}")
 
         plan, steps = cfg.lr_plan, cfg.steps_per_epoch
-        if plan is None or steps is None:  # with_batch sets them, above
+        batch_size = cfg.batch_size
+        if plan is None or steps is None or batch_size is None:  # with_batch sets them, above
             raise TrainError("the LR plan waits for the batch (--batch-size auto): resolve it first (with_batch)")
         optimizer = build_optimizer(model, cfg.optimizer, plan.lr, cfg.momentum, cfg.weight_decay)
         scheduler = build_scheduler(optimizer, schedule=cfg.schedule, steps_per_epoch=steps, epochs=cfg.epochs,
@@ -245,7 +247,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         # One code path: a disabled scaler passes scale/step/update straight through.
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16", init_scale=cfg.init_scale,
                                       growth_interval=cfg.growth_interval)
-        parts = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
+        parts: dict[str, Any] = {"model": model, "optimizer": optimizer, "scaler": scaler, "scheduler": scheduler}
         latest = ckpt_io.latest_path(cfg.out)
         state, rng = TrainState(), None
         tracker = BestTracker(cfg.early_stop)
@@ -261,13 +263,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         elif cfg.resume:
             _say(info, f"--resume: no checkpoint in {cfg.out} yet, starting fresh")
         resumed = found is not None
-        model_without_ddp = model
-        model, ddp = wrap(model, cfg, info)
+        wrapped, ddp = wrap(model, cfg, info)  # what is called; ``model`` stays the module itself
 
         log = MetricsLog(cfg.out, info.is_main, tensorboard=not cfg.no_tensorboard)
         log.start(state.step if resumed else None)
         profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
-        step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=StopRequest(), profiler=profiler,
+        stop = StopRequest()
+        step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=stop, profiler=profiler,
                                           progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
                                           gpu=GpuStats(device) if info.is_main else None)
 
@@ -278,7 +280,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 ckpt_io.save_checkpoint({
                     **{name: obj.state_dict() for name, obj in parts.items()},
                     "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
-                    "sampler": data.state_dict(consumed=st.epoch_step * cfg.batch_size), "best": tracker.state_dict(),
+                    "sampler": data.state_dict(consumed=st.epoch_step * batch_size), "best": tracker.state_dict(),
                     "rng": rngs, "classes": classes, "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last)
 
@@ -293,12 +295,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         t_start = time.perf_counter()
         last_eval = None
         stopped = None
-        with stop_signals(step_cfg.stop):
+        with stop_signals(stop):
             while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
                 data.set_epoch(state.epoch)
-                data.set_position(state.epoch_step * cfg.batch_size)
+                data.set_position(state.epoch_step * batch_size)
                 with reading("--data", cfg.data):
-                    stopped = train_one_epoch(model, ddp, criterion, optimizer, scheduler, scaler, data, state,
+                    stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data, state,
                                               step_cfg, log, save, world_size=info.world_size)
                 if stopped:
                     break  # --max-steps or a signal; train_one_epoch saved the checkpoint
@@ -306,7 +308,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 state.epoch_step = 0
                 improved = False
                 if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
-                    last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info,
+                    last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info,
                                               f"epoch{state.epoch:03d}")
                     improved = tracker.update(last_eval[1]["video_top1"], state.step)
                 save(state)
@@ -329,7 +331,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                                    "config": cfg.to_dict()}
         interrupted = bool(stopped and stopped.startswith("signal"))
         if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-            last_eval = _eval_and_log(model_without_ddp, val, state, cfg, step_cfg, log, info, "final")
+            last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info, "final")
         if last_eval is not None:
             summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
         if info.is_main:
@@ -393,7 +395,7 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, step_cfg: StepConfig,
                   log: MetricsLog, info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
-    with reading("--val-data", cfg.val_data):
+    with reading("--val-data", cfg.val_data or ""):
         result = evaluate(model, val, step_cfg.device, step_cfg.amp_dtype, channels_last=step_cfg.channels_last,
                           downsample=step_cfg.downsample, progress=step_cfg.progress)
     files: dict[str, str] = {}

@@ -50,14 +50,14 @@ class EvalAccumulator:
         for j, vid in enumerate(video_ids):
             v = self.videos.get(vid)
             if v is None:
-                v = self.videos[vid] = {"label": int(labels[j]), "prob": np.zeros(self.c), "logit": np.zeros(self.c),
-                                        "n": 0}
+                v = self.videos[vid] = {"label": int(labels[j]), "prob": np.zeros(self.c),
+                                        "logit": np.zeros(self.c), "n": 0}
                 v.update({k: np.zeros(f.shape[1], np.float32) for k, f in feats.items()})
             v["prob"] += probs[j]
             v["logit"] += logs[j]
             v["n"] += 1
-            for k, f in feats.items():
-                v[k] += f[j]
+            for name, f in feats.items():
+                v[name] += f[j]
 
     def state(self) -> dict[str, Any]:
         """What a rank sends to the others."""
@@ -154,8 +154,8 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is optional
-                SummaryWriter = None
-            if SummaryWriter is not None:
+                pass
+            else:
                 self.tb = SummaryWriter(os.path.join(out, "tb"))
 
     def start(self, resumed_step: int | None) -> None:
@@ -187,7 +187,7 @@ class MetricsLog:
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
     """Every record of a metrics.jsonl (a torn last line, from a kill, is skipped)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not os.path.exists(path):
         return rows
     with open(path) as f:

@@ -78,7 +78,7 @@ def plan_lr(*, base_lr: float, global_batch: int, ref_batch: int, scaling: str, 
         lr = max_lr
         why = f"lr {lr:.4g}: --max-lr caps {why}"
     if warmup_steps is not None or warmup_epochs is not None:
-        steps = warmup_steps if warmup_epochs is None else round(warmup_epochs * steps_per_epoch)
+        steps = round(warmup_epochs * steps_per_epoch) if warmup_epochs is not None else int(warmup_steps or 0)
         if steps < 0:
             raise TrainError(f"warm-up must be >= 0 steps, got {steps}")
         why += f"; warm-up {steps} steps from 0 (as asked)" if steps else "; no warm-up (as asked)"
@@ -98,7 +98,8 @@ def plan_lr(*, base_lr: float, global_batch: int, ref_batch: int, scaling: str, 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float
                     ) -> torch.optim.Optimizer:
     """SGD (the paper) or AdamW; no weight decay on biases and norm parameters."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.ndim <= 1 else decay).append(p)

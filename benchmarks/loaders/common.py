@@ -16,8 +16,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,7 +115,7 @@ def timed(epoch_batches: Callable[[int], Iterable[dict]], seconds: float, *, unt
     done, start, epoch = 0.0, None, 0
     while True:
         batches = 0
-        for batches, batch in enumerate(epoch_batches(epoch), 1):
+        for batches, batch in enumerate(epoch_batches(epoch), 1):  # noqa: B007 - read after the loop
             now = time.perf_counter()
             if start is None:
                 start = now

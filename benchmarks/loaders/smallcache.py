@@ -104,8 +104,8 @@ def small_cache_table(paths: dict[str, str], args: argparse.Namespace) -> None:
                                              check=True, capture_output=True, text=True, cwd=REPO_ROOT)
                 except (OSError, subprocess.CalledProcessError) as exc:
                     detail = getattr(exc, "stderr", "") or ""
-                    print(f"\nsmall page cache: skipped ({exc}{': ' + detail.strip().splitlines()[-1] if detail else ''}"
-                          f"); it needs root and a memory cgroup")
+                    last = ": " + detail.strip().splitlines()[-1] if detail else ""
+                    print(f"\nsmall page cache: skipped ({exc}{last}); it needs root and a memory cgroup")
                     return
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 if (name, order) not in best or r["clips_s"] > best[(name, order)]["clips_s"]:

@@ -16,10 +16,24 @@ from .backends import BACKENDS, get_backend
 from .base import SUMMARY_KEYS, Backend, ShardReader, ShardWriter
 from .codecs import CODECS_BY_ID, WRITE_CODECS, Codec, Payload, codec_for_id, get_codec
 from .errors import FormatError, ShardDamaged, ShardMissing, StoreError, StoreFullError
-from .layout import (DAMAGED_DIR, FORMAT_NAME, FORMAT_VERSION, HEADER_SIZE, LOCK, LOG_DIR, MANIFEST, PLAN,
-                     PROGRESS_DIR, REPORT, SHARD_DIR, ClipHeader, check_crc, shard_name, unpack_header)
-from .manifest import (DATA_KEYS, DataSpec, Manifest, ShardEntry, check_plan, check_shard_meta, read_manifest,
-                       shard_meta)
+from .layout import (
+                     DAMAGED_DIR,
+                     FORMAT_NAME,
+                     FORMAT_VERSION,
+                     HEADER_SIZE,
+                     LOCK,
+                     LOG_DIR,
+                     MANIFEST,
+                     PLAN,
+                     PROGRESS_DIR,
+                     REPORT,
+                     SHARD_DIR,
+                     ClipHeader,
+                     check_crc,
+                     shard_name,
+                     unpack_header,
+)
+from .manifest import DATA_KEYS, DataSpec, Manifest, ShardEntry, check_plan, check_shard_meta, read_manifest, shard_meta
 from .records import STATUSES, VideoRecord, sort_records
 from .store import ClipSample, ClipStore, open_clips
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generator, Iterator, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -88,7 +89,8 @@ class ShardWriter(ABC):
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
             raise ValueError(f"clip must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
         payload = self.codec.encode(frames)
-        header = pack_header(codec_id=self.codec.id, shape=tuple(frames.shape), label=label,  # type: ignore[arg-type]
+        t, h, w, c = frames.shape
+        header = pack_header(codec_id=self.codec.id, shape=(t, h, w, c), label=label,
                              clip_index=clip_index, start_frame=start_frame, video_id=video_id, payload=payload)
         return header, payload
 
@@ -100,7 +102,8 @@ class ShardWriter(ABC):
                 clip_index, start, frames = next(gen)
             except StopIteration as stop:
                 if stop.value.video_id != video_id:
-                    raise ValueError(f"the clips of {video_id!r} came with a record of {stop.value.video_id!r}")
+                    raise ValueError(f"the clips of {video_id!r} came with a record of "
+                                     f"{stop.value.video_id!r}") from None
                 return stop.value
             header, payload = self.encode(video_id, label, clip_index, start, frames)
             put(clip_index, header, payload)
@@ -211,7 +214,7 @@ class ShardReader(ABC):
         """Problems of the storage itself (file sizes, record framing, index files), one line each."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a backend that holds nothing needs no close
         """Let go of this reader's files (handles shared per process may stay open)."""
 
     def where(self, video_id: str, clip_index: int) -> str:

@@ -162,7 +162,7 @@ class RawCodec(Codec):
 
     def encode(self, clip: np.ndarray) -> memoryview:
         # A view, not a copy: the value is assembled with one copy by the writer.
-        return memoryview(np.ascontiguousarray(clip, dtype=np.uint8)).cast("B")
+        return memoryview(np.ascontiguousarray(clip, dtype=np.uint8)).cast("B")  # type: ignore[arg-type]
 
     def frames(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         """The stored clip as a read-only view of ``payload`` (no copy)."""
@@ -214,9 +214,8 @@ class PerFrameCodec(Codec):
     def window(self, payload, shape, t0, t, out=None):
         # Each frame is decoded straight into its row of ``out``: a fresh array
         # per frame, freed at once, costs page faults and, with several reader
-        # threads in one process, stalls them all (measured: LZ4 through one
-        # bytes object per frame scaled 1.07x on 2 threads, decoded in place
-        # 1.37x).
+        # threads in one process, stalls them all (two threads scaled far
+        # better decoding in place: docs/benchmarks.md).
         payload = memoryview(payload)
         offsets, sizes = self.parts(payload, shape)
         out = _window_out(shape, t0, t, out)
@@ -298,9 +297,9 @@ class JpegCodec(PerFrameCodec):
     def decode_frame(self, part, shape, j):
         # simplejpeg: libjpeg-turbo (bundled in its wheel) called without the
         # GIL, with its default islow IDCT and fancy upsampling, so the pixels
-        # are Pillow's bit for bit (tested). Measured per 128x171 frame on one
-        # core: simplejpeg 13,100 frames/s, PyTurboJPEG 1.x 8,800 (needs a
-        # system libturbojpeg; 2.x needs libjpeg-turbo 3), Pillow 4,500.
+        # are Pillow's bit for bit (tested); the fastest per frame of the
+        # decoders tried (PyTurboJPEG needs a system libturbojpeg; Pillow holds
+        # the GIL): docs/benchmarks.md.
         import simplejpeg
 
         try:

@@ -12,7 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class FormatError(ValueError):

@@ -31,8 +31,8 @@ DAMAGED_DIR = "damaged"  # unfinished shards that could not be opened, moved asi
 
 try:
     # The same CRC-32 as zlib's (ISO-HDLC polynomial), in zlib-ng's vectorised
-    # code: about 50 GB/s against zlib 1.2's 2.5-4 GB/s here, where it cost
-    # 0.25-0.4 ms of every 1 MB raw clip written (and verified).
+    # code, many times faster than zlib's: it is computed for every clip
+    # written and read (docs/benchmarks.md).
     from zlib_ng.zlib_ng import crc32
 except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib gives the same values
     from zlib import crc32

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import FormatError
 from .layout import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, READABLE_VERSIONS, read_json_file
@@ -144,7 +145,7 @@ class DataSpec:
                 raise FormatError(f"{where}: names unknown codec {codec!r}")
             codec_id = _V1_CODEC_IDS[codec]
         else:
-            codec_id = _count(d, "codec_id", where)
+            codec_id = _get(d, "codec_id", int, where)
         classes = _get(d, "classes", list, where)
         if not all(isinstance(c, str) for c in classes):
             raise FormatError(f"{where}: classes must be a list of names (strings)")
@@ -152,7 +153,7 @@ class DataSpec:
             raise FormatError(f"{where}: class names repeat")
         raw_shape = _get(d, "clip_shape", list, where, optional=True)
         return cls(backend=_get(d, "backend", str, where, present=version >= 2, default="lmdb"),
-                   codec=codec, codec_id=codec_id, classes=tuple(classes),  # type: ignore[arg-type]
+                   codec=codec, codec_id=codec_id, classes=tuple(classes),
                    clip_shape=None if raw_shape is None else _ints(raw_shape, 4, "clip_shape", where),  # type: ignore[arg-type]
                    frame_size=FrameSize.from_dict(d.get("frame_size"), where),
                    fps=_get(d, "fps", (int, float), where, optional=True),

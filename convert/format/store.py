@@ -11,8 +11,8 @@ from several threads. Imports neither torch nor PyAV.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -163,9 +163,12 @@ class ClipStore(Sequence):
         order = np.argsort(shards, kind="stable")
         bounds = np.flatnonzero(np.diff(shards[order])) + 1
         for group in np.split(order, bounds) if order.size else ():
-            positions = group.tolist()
-            self.reader(int(shards[group[0]])).visit(
-                [refs[p] for p in positions], lambda k, header, payload: fn(positions[k], header, payload))
+            positions: list[int] = group.tolist()
+
+            def at(k: int, header: ClipHeader, payload: memoryview, positions: list[int] = positions) -> None:
+                fn(positions[k], header, payload)
+
+            self.reader(int(shards[group[0]])).visit([refs[p] for p in positions], at)
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first."""
@@ -180,7 +183,7 @@ class ClipStore(Sequence):
         header, clip = got[0]
         return ClipSample(clip, header.label, header.video_id, header.clip_index)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self.get(j) for j in range(*i.indices(len(self)))]
         return self.get(int(i))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def cpu_count() -> int:

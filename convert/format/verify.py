@@ -17,7 +17,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 from .backends import get_backend
 from .codecs import codec_for_id

@@ -11,10 +11,10 @@ from __future__ import annotations
 try:
     # The DALI modules the routes use are imported here, under one guard, and taken from here.
     import nvidia.dali as dali
-    import nvidia.dali.fn as fn
-    import nvidia.dali.math as dmath
-    import nvidia.dali.tfrecord as tfrec
-    import nvidia.dali.types as types
+    import nvidia.dali.fn as _fn
+    import nvidia.dali.math as _dmath
+    import nvidia.dali.tfrecord as _tfrec
+    import nvidia.dali.types as _types
     from nvidia.dali.backend import TensorGPU
     from nvidia.dali.pipeline import Pipeline
 except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shared library is not
@@ -33,6 +33,13 @@ from convert.format import ClipStore, FormatError, open_clips
 
 from ..presets import ClipPreset
 from ..sampler import EpochPosition
+
+# A graph is built from DataNodes with arithmetic, indexing and operators whose arguments take DataNodes or
+# numbers alike: wider than DALI's stubs describe, so the modules that build graphs are typed as Any.
+fn: Any = _fn
+dmath: Any = _dmath
+tfrec: Any = _tfrec
+types: Any = _types
 
 # pipe.run(cuda_stream), which the loaders call, needs DALI's dynamic executor; it became the default in
 # DALI 2.4 (NVIDIA/DALI#5936), which is also what the project's tests run.
@@ -191,7 +198,7 @@ class DaliLoaderBase(EpochPosition):
         """Stop the pipeline, its threads and worker processes (a later iteration builds a new one)."""
         self._slot.close()
 
-    def __enter__(self) -> "DaliLoaderBase":
+    def __enter__(self) -> DaliLoaderBase:
         return self
 
     def __exit__(self, *exc: Any) -> None:

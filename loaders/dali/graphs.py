@@ -10,8 +10,9 @@ decoded by DALI without a line here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from convert.format import Codec, Payload
 

@@ -65,7 +65,8 @@ import math
 import operator
 import os
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,8 +75,19 @@ from convert.format import FormatError
 from convert.format.tfrecord.schema import BY_NAME
 
 from ..presets import ClipPreset, _centre
-from .base import (DaliLoaderBase, Pipeline, check_int, dali, dmath, fn, pipeline_options, run_pipeline, tfrec,
-                   to_torch, types)
+from .base import (
+    DaliLoaderBase,
+    Pipeline,
+    check_int,
+    dali,
+    dmath,
+    fn,
+    pipeline_options,
+    run_pipeline,
+    tfrec,
+    to_torch,
+    types,
+)
 from .graphs import cpu_codecs, graph_for
 
 _GOLDEN = 0.6180339887498949
@@ -367,7 +379,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
             state = {**state, "position": min(p - p % self.batch_size, self.num_samples)}
         super().load_state_dict(state)  # through set_position: a whole number of batches
         self._resume = None
-        if same and self.position:
+        if same and self.position and isinstance(saved, dict):
             self._resume = (self.epoch, self.position, base64.b64decode(saved["checkpoint"]))
 
     # -- iteration ------------------------------------------------------------
@@ -409,7 +421,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
             if ckpt is None:
                 raise
             warnings.warn(f"{self.root}: DALI refused the saved checkpoint ({str(exc).splitlines()[0]}); "
-                          f"reading up to position {position} of epoch {epoch} instead", RuntimeWarning)
+                          f"reading up to position {position} of epoch {epoch} instead", RuntimeWarning, stacklevel=2)
             ckpt = None
             self._slot.pipe = pipe = build(checkpoint=None)
         meta = pipe.reader_meta("reader")

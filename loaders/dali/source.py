@@ -36,7 +36,8 @@ readers on a machine with a GPU.
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch

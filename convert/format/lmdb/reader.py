@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import lmdb
 
@@ -14,8 +14,18 @@ from ..base import ShardReader, Visitor
 from ..errors import FormatError, ShardMissing
 from ..layout import MAX_JSON_BYTES, header_len, unpack_header
 from ..records import VideoRecord
-from .common import (CLIP_PREFIX, COMPLETE_KEY, DATA_FILE, HANDLES, ORDER_KEY, SHARD_KEY, clip_key, clip_key_count,
-                     iter_prefix, read_records)
+from .common import (
+    CLIP_PREFIX,
+    COMPLETE_KEY,
+    DATA_FILE,
+    HANDLES,
+    ORDER_KEY,
+    SHARD_KEY,
+    clip_key,
+    clip_key_count,
+    iter_prefix,
+    read_records,
+)
 
 
 class LmdbReader(ShardReader):

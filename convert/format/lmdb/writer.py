@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import lmdb
 import numpy as np
@@ -20,8 +20,21 @@ from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
 from ..errors import ShardDamaged, StoreError, StoreFullError, store_error, storing
 from ..layout import header_len
 from ..records import VideoRecord
-from .common import (CLIP_PREFIX, COMPLETE_KEY, DATA_FILE, ORDER_KEY, SHARD_KEY, ShardTruncated, clip_key,
-                     clip_key_count, done_key, iter_prefix, open_checked, read_records, used_bytes)
+from .common import (
+    CLIP_PREFIX,
+    COMPLETE_KEY,
+    DATA_FILE,
+    ORDER_KEY,
+    SHARD_KEY,
+    ShardTruncated,
+    clip_key,
+    clip_key_count,
+    done_key,
+    iter_prefix,
+    open_checked,
+    read_records,
+    used_bytes,
+)
 from .options import LmdbOptions
 
 log = logging.getLogger(__name__)
@@ -73,7 +86,7 @@ class LmdbWriter(ShardWriter):
             if stored is None:
                 txn.put(SHARD_KEY, json.dumps(meta, sort_keys=True).encode())
             else:
-                self.check_meta(json.loads(stored))
+                self.check_meta(json.loads(bytes(stored)))
 
     def _write(self, what: str) -> _WriteTxn:
         """A write transaction whose LMDB or OS failure is a StoreError naming the shard and ``what``."""
@@ -143,8 +156,10 @@ class LmdbWriter(ShardWriter):
             gen = produce()
             txn = self.env.begin(write=True)
             try:
-                record = self.drain(video_id, label, gen, lambda c, header, payload: txn.put(
-                    clip_key(video_id, c), b"".join((header, payload))))
+                def put(c: int, header: bytes, payload: bytes | memoryview, txn: lmdb.Transaction = txn) -> None:
+                    txn.put(clip_key(video_id, c), b"".join((header, payload)))
+
+                record = self.drain(video_id, label, gen, put)
                 if record.clips == 0:
                     # Keep none of it (skip policy, or nothing usable): only the record.
                     txn.abort()
@@ -215,7 +230,7 @@ class LmdbWriter(ShardWriter):
         if held != stored:
             raise ValueError(f"{self.path}: video records count {held} clips, shard holds {stored}")
         where = (lambda vid: clip_key(vid, 0)) if self.options.compact else first_at.__getitem__
-        order = sorted(first_at, key=where)  # type: ignore[arg-type]
+        order = sorted(first_at, key=where)
         return dict(zip(SUMMARY_KEYS, (len(records), held, value_bytes, sha))), order
 
     def finish(self) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -134,7 +134,9 @@ class TFRecordReader(ShardReader):
             payload = features["payload"][1]
         except KeyError as exc:
             raise FormatError(f"{self.where(video_id, clip_index)}: record lacks feature {exc}") from None
-        head = unpack_header(header, value_len=len(header) + len(payload))  # type: ignore[arg-type]
+        if not isinstance(header, memoryview) or not isinstance(payload, memoryview):
+            raise FormatError(f"{self.where(video_id, clip_index)}: header and payload must be bytes features")
+        head = unpack_header(header, value_len=len(header) + len(payload))
         if (head.video_id, head.clip_index) != (video_id, clip_index):
             raise FormatError(f"{self.where(video_id, clip_index)}: header says {head.video_id!r} clip "
                               f"{head.clip_index}")

@@ -10,7 +10,7 @@ memory-mapped file, never copied.
 from __future__ import annotations
 
 import struct
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import FormatError
 
@@ -26,9 +26,9 @@ def _crc32c_fn() -> Callable[..., int]:
     global _crc32c
     if _crc32c is None:
         # Imported on first use: the crc32c package's __init__ reads its own
-        # version through importlib.metadata, about 40 ms that every process
-        # importing convert.format (the job, each shard process, each loader)
-        # would pay even when it never touches a TFRecord shard.
+        # version through importlib.metadata, a cost every process importing
+        # convert.format (the job, each shard process, each loader) would pay
+        # even when it never touches a TFRecord shard.
         import crc32c
 
         _crc32c = crc32c.crc32c

@@ -8,7 +8,7 @@ once it is closed: when it reaches ``part_bytes``, and at ``finish``.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
 from ..errors import FormatError, ShardDamaged, StoreError, storing
