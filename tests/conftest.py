@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: the real test videos and one synthetic dataset."""
+"""Fixtures shared by the whole suite: the shared test videos (synthetic and, when present, real) and one
+synthetic dataset."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import sys
 
 import pytest
 
+from .videos import VideoSet
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-SHARED_VIDEOS = os.path.normpath(os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+# The real test videos, read in place; VIDEOCLIPS_SHARED_VIDEOS names another folder (a missing one runs
+# the suite as a clone without them does).
+SHARED_VIDEOS = os.path.normpath(os.environ.get("VIDEOCLIPS_SHARED_VIDEOS")
+                                 or os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+# Tiers of the shared videos every test of them runs on: the synthetic stand-ins always, the real files
+# too when they are there. Decided at collection, so a clone without them has no real-tier test to skip.
+VIDEO_TIERS = ("synthetic", "real") if os.path.isdir(SHARED_VIDEOS) else ("synthetic",)
 
 
 def shared_video(name: str) -> str:
@@ -26,6 +35,22 @@ def shared_videos() -> str:
     if not os.path.isdir(SHARED_VIDEOS):
         pytest.skip(f"{SHARED_VIDEOS} missing")
     return SHARED_VIDEOS
+
+
+@pytest.fixture(scope="session")
+def stand_in_videos(tmp_path_factory) -> str:
+    """Folder of the synthetic stand-ins for the shared videos (tests/videos.py), written once per session."""
+    from .videos import write_all
+
+    return write_all(str(tmp_path_factory.mktemp("stand_ins")))
+
+
+@pytest.fixture(scope="session", params=VIDEO_TIERS)
+def videos(request) -> VideoSet:
+    """The shared test videos of one tier; a test using them runs once per tier."""
+    if request.param == "real":
+        return VideoSet("real", SHARED_VIDEOS)
+    return VideoSet("synthetic", request.getfixturevalue("stand_in_videos"))
 
 
 @pytest.fixture(scope="session")
