@@ -68,11 +68,11 @@ TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_bu
 
 
 @pytest.fixture()
-def tiny_tree(tmp_path, shared_videos) -> str:
-    """Class folders of symlinks to four real shared videos (read in place); per test, so tests may add to it."""
+def tiny_tree(tmp_path, videos) -> str:
+    """Class folders of symlinks to four of the shared videos (read in place); per test, so tests may add to it."""
     root = tmp_path / "src"
     for cls, names in TINY.items():
         (root / cls).mkdir(parents=True)
         for name in names:
-            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+            os.symlink(videos.path(name), root / cls / name)
     return str(root)
