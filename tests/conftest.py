@@ -23,20 +23,6 @@ SHARED_VIDEOS = os.path.normpath(os.environ.get("VIDEOCLIPS_SHARED_VIDEOS")
 VIDEO_TIERS = ("synthetic", "real") if os.path.isdir(SHARED_VIDEOS) else ("synthetic",)
 
 
-def shared_video(name: str) -> str:
-    path = os.path.join(SHARED_VIDEOS, name)
-    if not os.path.exists(path):
-        pytest.skip(f"shared test video {name} not found at {SHARED_VIDEOS}")
-    return path
-
-
-@pytest.fixture(scope="session")
-def shared_videos() -> str:
-    if not os.path.isdir(SHARED_VIDEOS):
-        pytest.skip(f"{SHARED_VIDEOS} missing")
-    return SHARED_VIDEOS
-
-
 @pytest.fixture(scope="session")
 def stand_in_videos(tmp_path_factory) -> str:
     """Folder of the synthetic stand-ins for the shared videos (tests/videos.py), written once per session."""
