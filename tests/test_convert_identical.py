@@ -16,7 +16,7 @@ skipped, saying so, rather than compared against pixels that FFmpeg itself
 changed; recompute them with ``python -m tests.test_convert_identical``. The
 synthetic tier's values depend on the encoders too, which come in PyAV's
 wheel: they are compared with that PyAV only, and only after checking that it
-wrote the stand-ins byte for byte as recorded.
+wrote the stand-ins' pictures byte for byte as recorded.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ EXPECTED = {
 
 
 # The synthetic tier, computed by this code (python -m tests.test_convert_identical) from the stand-ins
-# whose bytes hash to SYNTHETIC_FILES. Their records equal the real files' to the reason: the stand-ins
+# whose video packets hash to SYNTHETIC_PICTURES. Their records equal the real files' to the reason: the stand-ins
 # have the real files' frame counts and damage; only the pixels, so the checksums, differ.
-SYNTHETIC_FILES = "4d97f1f3e9b67cf6293d2d79fa647d82546b36220783163d73a5c354a0475d2e"
+SYNTHETIC_PICTURES = "e8b9c9049d113da92a8a106954b50b75c9b7b5d733992868d4d95f33b111dcfa"
 EXPECTED_SYNTHETIC = {
     "lmdb-jpeg-upsampled": {
         "shards": {
@@ -255,8 +255,8 @@ def test_conversion_bytes_are_those_of_the_reference_code(layout_tree, videos, t
         if av.__version__ != SYNTHETIC_RECORDED_WITH_PYAV:
             pytest.skip(f"the synthetic videos' checksums were recorded with the encoders of PyAV "
                         f"{SYNTHETIC_RECORDED_WITH_PYAV}, this is PyAV {av.__version__}")
-        # Same encoders, so the same files: other bytes mean tests/videos.py changed (record again).
-        assert stand_ins.files_digest(videos.root) == SYNTHETIC_FILES
+        # Same encoders, so the same pictures: others mean tests/videos.py changed (record again).
+        assert stand_ins.pictures_digest(videos.root) == SYNTHETIC_PICTURES
         expected = EXPECTED_SYNTHETIC
     got = conversion_digest(layout_tree, str(tmp_path / name), CONFIGS[name])
     assert got["records"] == expected[name]["records"]
@@ -273,7 +273,7 @@ if __name__ == "__main__":  # print the expected values computed by the code as 
         roots = {"synthetic": stand_ins.write_all(os.path.join(tmp, "stand_ins"))}
         if os.path.isdir(conftest.SHARED_VIDEOS):
             roots["real"] = conftest.SHARED_VIDEOS
-        result = {"synthetic_files": stand_ins.files_digest(roots["synthetic"])}
+        result = {"synthetic_pictures": stand_ins.pictures_digest(roots["synthetic"])}
         for tier, root in roots.items():
             tree = os.path.join(tmp, tier)
             for cls, names in LAYOUT.items():
