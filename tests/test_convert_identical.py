@@ -136,8 +136,8 @@ EXPECTED = {
 
 
 # The synthetic tier, computed by this code (python -m tests.test_convert_identical) from the stand-ins
-# whose video packets hash to SYNTHETIC_PICTURES. Their records equal the real files' to the reason: the stand-ins
-# have the real files' frame counts and damage; only the pixels, so the checksums, differ.
+# whose video packets hash to SYNTHETIC_PICTURES. Their records equal the real files' to the reason: the
+# stand-ins have the real files' frame counts and damage; only the pixels, so the checksums, differ.
 SYNTHETIC_PICTURES = "e8b9c9049d113da92a8a106954b50b75c9b7b5d733992868d4d95f33b111dcfa"
 EXPECTED_SYNTHETIC = {
     "lmdb-jpeg-upsampled": {
@@ -217,6 +217,7 @@ EXPECTED_SYNTHETIC = {
         },
     },
 }
+
 
 def conversion_digest(tree: str, out: str, config: ConvertConfig) -> dict:
     """What a conversion stored: each shard's checksum and value bytes, and every video record.
