@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite: the real test videos and one synthetic dataset."""
+"""Fixtures shared by the whole suite: the shared test videos (synthetic and, when present, real) and one
+synthetic dataset."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import sys
 
 import pytest
 
+from .videos import VideoSet
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-SHARED_VIDEOS = os.path.normpath(os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+# The real test videos, read in place; VIDEOCLIPS_SHARED_VIDEOS names another folder (a missing one runs
+# the suite as a clone without them does).
+SHARED_VIDEOS = os.path.normpath(os.environ.get("VIDEOCLIPS_SHARED_VIDEOS")
+                                 or os.path.join(ROOT, "..", "shared", "testdata", "videos"))
+# Tiers of the shared videos every test of them runs on: the synthetic stand-ins always, the real files
+# too when they are there. Decided at collection, so a clone without them has no real-tier test to skip.
+VIDEO_TIERS = ("synthetic", "real") if os.path.isdir(SHARED_VIDEOS) else ("synthetic",)
 # Every shard process of the suite installs the fault hook (a no-op unless a test sets CONVERT_TEST_FAULT).
 os.environ.setdefault("CONVERT_SHARD_HOOK", "tests.faults:install")
 
@@ -26,18 +35,20 @@ def load_script(name: str):
     return module
 
 
-def shared_video(name: str) -> str:
-    path = os.path.join(SHARED_VIDEOS, name)
-    if not os.path.exists(path):
-        pytest.skip(f"shared test video {name} not found at {SHARED_VIDEOS}")
-    return path
-
-
 @pytest.fixture(scope="session")
-def shared_videos() -> str:
-    if not os.path.isdir(SHARED_VIDEOS):
-        pytest.skip(f"{SHARED_VIDEOS} missing")
-    return SHARED_VIDEOS
+def stand_in_videos(tmp_path_factory) -> str:
+    """Folder of the synthetic stand-ins for the shared videos (tests/videos.py), written once per session."""
+    from .videos import write_all
+
+    return write_all(str(tmp_path_factory.mktemp("stand_ins")))
+
+
+@pytest.fixture(scope="session", params=VIDEO_TIERS)
+def videos(request) -> VideoSet:
+    """The shared test videos of one tier; a test using them runs once per tier."""
+    if request.param == "real":
+        return VideoSet("real", SHARED_VIDEOS)
+    return VideoSet("synthetic", request.getfixturevalue("stand_in_videos"))
 
 
 @pytest.fixture(scope="session")
@@ -55,11 +66,11 @@ TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_bu
 
 
 @pytest.fixture()
-def tiny_tree(tmp_path, shared_videos) -> str:
-    """Class folders of symlinks to four real shared videos (read in place); per test, so tests may add to it."""
+def tiny_tree(tmp_path, videos) -> str:
+    """Class folders of symlinks to four of the shared videos (read in place); per test, so tests may add to it."""
     root = tmp_path / "src"
     for cls, names in TINY.items():
         (root / cls).mkdir(parents=True)
         for name in names:
-            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+            os.symlink(videos.path(name), root / cls / name)
     return str(root)

@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 import benchmarks.conversion as bench
 
-from .conftest import SHARED_VIDEOS as SHARED
 
-pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(SHARED, bench.TINY)),
-                                reason="../shared/testdata/videos is not beside the checkout")
-
-
-def test_every_conversion_row_stores_exactly_the_frames_decode_only_counts(tmp_path):
+def test_every_conversion_row_stores_exactly_the_frames_decode_only_counts(videos, tmp_path):
     tree = str(tmp_path / "videos")
-    paths = bench.build_tree(tree, SHARED, 3)
+    paths = bench.build_tree(tree, videos.root, 3)
     frames, _, _ = bench._parallel(bench._pyav_decode, paths, 2)
     assert frames > 0
     for backend, codec in bench.CONVERSIONS.values():
@@ -25,8 +19,8 @@ def test_every_conversion_row_stores_exactly_the_frames_decode_only_counts(tmp_p
         assert stored == frames and seconds > 0 and cpu > 0, (backend, codec)
 
 
-def test_main_prints_every_row_and_the_start_up_table(tmp_path, capsys):
-    assert bench.main(["--shared", SHARED, "--videos", "2", "--rounds", "1", "--workers", "2",
+def test_main_prints_every_row_and_the_start_up_table(videos, tmp_path, capsys):
+    assert bench.main(["--shared", videos.root, "--videos", "2", "--rounds", "1", "--workers", "2",
                        "--tmp", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^\| ([^|]+?) +\| +([\d.]+) \|", out, re.M)}

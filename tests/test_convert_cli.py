@@ -14,14 +14,15 @@ from .convert_helpers import run_cli
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, shared_videos) -> tuple[str, str, str]:
-    """(source tree, OUT, its stdout): a damaged video, an unreadable file, a short one and a good one, at --short-side 120."""
+def converted(tmp_path_factory, videos) -> tuple[str, str, str]:
+    """(source tree, OUT, its stdout): a damaged video, an unreadable file, a short one and a good one, at
+    --short-side 120."""
     root = tmp_path_factory.mktemp("cli")
     src = root / "src"
     (src / "a").mkdir(parents=True)
     (src / "b").mkdir()
     for cls, name in (("a", "decord__corrupted.mp4"), ("a", "mmcv__test.mp4"), ("b", "torchcodec__h265_video.mp4")):
-        os.symlink(os.path.join(shared_videos, name), src / cls / name)
+        os.symlink(videos.path(name), src / cls / name)
     (src / "b" / "junk.mp4").write_bytes(b"\0" * 1000)
     out = str(root / "out")
     r = run_cli(str(src), out, "--short-side", "120", "--workers", "2", "--no-progress")

@@ -1,4 +1,4 @@
-"""Decoding: every odd file of the shared set, rotation, resizing, fps resampling."""
+"""Decoding: every odd file of the shared set (both tiers), rotation, resizing, fps resampling."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 from convert.decode import FrameSpec, VideoDecoder, VideoError, decode_all
 from convert.synth import render, write_mp4
 
-from .conftest import shared_video
-
-# file -> (decoded frames, damage expected)
+# file -> (decoded frames, damage expected); the synthetic stand-ins reproduce every count
 CASES = {
     "mmaction2__demo.mp4": (280, False),          # Kinetics-400 340x256 h264
     "mmaction2__test.avi": (164, False),          # UCF101, mpeg4 packed B-frames, pts N/A
@@ -28,8 +26,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_shared_file_decodes_as_specified(name):
-    frames, damage = decode_all(shared_video(name), FrameSpec(size=(128, 171)))
+def test_shared_file_decodes_as_specified(videos, name):
+    frames, damage = decode_all(videos.path(name), FrameSpec(size=(128, 171)))
     n, damaged = CASES[name]
     assert frames.shape == (n, 128, 171, 3) and frames.dtype == np.uint8
     assert (damage is not None) == damaged
@@ -39,10 +37,10 @@ def test_shared_file_decodes_as_specified(name):
     assert frames.std() > 1.0 or name == "moviepy__no_duration.webm"
 
 
-def test_rotation_metadata_is_honoured():
+def test_rotation_metadata_is_honoured(videos):
     import av
 
-    path = shared_video("decord__video_90.mov")  # coded 568x320, display matrix -90 degrees
+    path = videos.path("decord__video_90.mov")  # coded 568x320, display matrix -90 degrees
     frames, _ = decode_all(path, FrameSpec(size=None, short_side=64))
     assert frames.shape == (3, 114, 64, 3)  # portrait, as players show it
     # Upright = the coded picture turned clockwise, as ffmpeg's autorotate does.
@@ -55,8 +53,8 @@ def test_rotation_metadata_is_honoured():
     assert np.abs(np.rot90(coded[0], k=1).astype(int) - upright[0]).mean() > 10.0
 
 
-def test_short_side_keeps_aspect():
-    frames, _ = decode_all(shared_video("mmcv__test.mp4"), FrameSpec(size=None, short_side=120))
+def test_short_side_keeps_aspect(videos):
+    frames, _ = decode_all(videos.path("mmcv__test.mp4"), FrameSpec(size=None, short_side=120))
     assert frames.shape[1:] == (120, 147, 3)  # 294x240 -> 147x120
 
 
@@ -68,12 +66,12 @@ def test_unreadable_file_is_a_video_error(tmp_path):
 
 
 @pytest.mark.parametrize("name, total", [("mmaction2__test.avi", 164), ("moviepy__big_buck_bunny_432_433.webm", 24)])
-def test_truncated_file_keeps_frames_before_the_cut(tmp_path, name, total):
+def test_truncated_file_keeps_frames_before_the_cut(videos, tmp_path, name, total):
     # FFmpeg reads a half file without any error; the decoder must notice the shortfall.
-    data = open(shared_video(name), "rb").read()
+    data = open(videos.path(name), "rb").read()
     cut = tmp_path / ("cut" + name[-4:])
     cut.write_bytes(data[: len(data) // 2])
-    full, _ = decode_all(shared_video(name), FrameSpec())
+    full, _ = decode_all(videos.path(name), FrameSpec())
     frames, damage = decode_all(str(cut), FrameSpec())
     assert 0 < len(frames) < total
     assert damage.startswith(("truncated: ", "corrupt frame after"))

@@ -14,17 +14,15 @@ from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
 from convert.supervise import ShardOptions, _Child, last_error
 
-from .conftest import shared_video
-
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork server on this platform")
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> tuple[str, dict]:
-    """A finished one-shard conversion of one real video, and its manifest."""
+def finished(tmp_path_factory, videos) -> tuple[str, dict]:
+    """A finished one-shard conversion of one shared video, and its manifest."""
     root = tmp_path_factory.mktemp("fs")
     (root / "videos" / "a").mkdir(parents=True)
-    os.symlink(shared_video("mmaction2__part_0.mp4"), root / "videos" / "a" / "v.mp4")
+    os.symlink(videos.path("mmaction2__part_0.mp4"), root / "videos" / "a" / "v.mp4")
     out = str(root / "out")
     manifest = run_job(str(root / "videos"), out, ConvertConfig(), JobOptions(workers=1, progress=False))
     return out, manifest
@@ -95,12 +93,12 @@ def test_a_forked_shard_process_that_fails_ends_as_a_started_one_does(tmp_path, 
     assert rc == 1 and error is not None and failure == error
 
 
-def test_each_forked_process_gets_the_environment_of_its_caller_at_that_moment(tmp_path, monkeypatch):
+def test_each_forked_process_gets_the_environment_of_its_caller_at_that_moment(videos, tmp_path, monkeypatch):
     """The server is started once per process; a fault set afterwards must still reach the shard processes."""
     tree = tmp_path / "videos"
     (tree / "a").mkdir(parents=True)
     for name in ("mmaction2__part_0.mp4", "mmcv__test.mp4"):
-        os.symlink(shared_video(name), tree / "a" / name)
+        os.symlink(videos.path(name), tree / "a" / name)
     opts = JobOptions(workers=1, progress=False, shard=ShardOptions(retries=0))
     run_job(str(tree), str(tmp_path / "before"), ConvertConfig(), opts)
     assert forkserver._server is not None and forkserver._server.proc.poll() is None

@@ -1,4 +1,4 @@
-"""The conversion job end to end on real videos: round trip, policies, report, errors."""
+"""The conversion job end to end on the shared videos (both tiers): round trip, policies, report, errors."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import pytest
 
 from convert.clips import ClipSpec, cut_clips
 from convert.decode import FrameSpec, decode_all
+from convert.format.lmdb import LmdbOptions
+from convert.format.verify import verify
 from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
 from convert.supervise import ShardOptions
-from convert.format.lmdb import LmdbOptions
-from convert.format.verify import verify
 from loaders import open_clips
 
-from .conftest import SHARED_VIDEOS
 from .convert_helpers import run_cli
 
 # class folder -> shared files in it
@@ -27,7 +26,8 @@ LAYOUT = {
     "ucf": ["mmaction2__test.avi", "decord__video_90.mov", "torchcodec__h265_video.mp4"],
     "web": ["moviepy__no_duration.webm", "moviepy__big_buck_bunny_432_433.webm", "mmcv__test.mp4"],
 }
-# video id -> (status, clips) with the default settings (16 frames, skip short, keep damaged)
+# video id -> (status, clips) with the default settings (16 frames, skip short, keep damaged); the synthetic
+# stand-ins have the real files' frame counts and damage, so the same on both tiers
 EXPECTED = {
     "kinetics/mmaction2__demo": ("ok", 17),
     "kinetics/mmaction2__part_0": ("ok", 2),
@@ -42,13 +42,13 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def real_tree(tmp_path_factory, shared_videos) -> str:
-    """Class folders of symlinks to the shared videos (read in place, never copied)."""
-    root = tmp_path_factory.mktemp("real")
+def layout_tree(tmp_path_factory, videos) -> str:
+    """Class folders (LAYOUT) of symlinks to one tier's shared videos (read in place, never copied)."""
+    root = tmp_path_factory.mktemp(f"layout_{videos.tier}")
     for cls, names in LAYOUT.items():
         (root / cls).mkdir()
         for name in names:
-            os.symlink(os.path.join(shared_videos, name), root / cls / name)
+            os.symlink(videos.path(name), root / cls / name)
     return str(root)
 
 
@@ -63,9 +63,9 @@ def _reference_clips(path: str, config: ConvertConfig) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("codec", ["raw", "lz4"])
-def test_round_trip_is_bit_exact_on_real_videos(real_tree, tmp_path, codec):
+def test_round_trip_is_bit_exact_on_the_shared_videos(layout_tree, videos, tmp_path, codec):
     config = ConvertConfig(codec=codec)
-    result = run_job(real_tree, str(tmp_path / "out"), config, _opts(shards=3))
+    result = run_job(layout_tree, str(tmp_path / "out"), config, _opts(shards=3))
     store = open_clips(str(tmp_path / "out"))
     assert store.classes == ["kinetics", "ucf", "web"]
     got: dict[str, list] = {}
@@ -75,7 +75,7 @@ def test_round_trip_is_bit_exact_on_real_videos(real_tree, tmp_path, codec):
     assert {v: len(c) for v, c in got.items()} == {v: n for v, (_, n) in EXPECTED.items() if n}
     for vid, samples in got.items():
         cls, name = vid.split("/")
-        ref = _reference_clips(os.path.join(SHARED_VIDEOS, name + os.path.splitext(LAYOUT_EXT[name])[1]), config)
+        ref = _reference_clips(videos.path(LAYOUT_EXT[name]), config)
         assert [s.clip_index for s in samples] == list(range(len(samples)))
         for s in samples:
             assert s.label == store.classes.index(cls)
@@ -88,9 +88,9 @@ def test_round_trip_is_bit_exact_on_real_videos(real_tree, tmp_path, codec):
 LAYOUT_EXT = {os.path.splitext(n)[0]: n for names in LAYOUT.values() for n in names}
 
 
-def test_report_records_every_video_that_is_not_ok(real_tree, tmp_path):
+def test_report_records_every_video_that_is_not_ok(layout_tree, tmp_path):
     out = tmp_path / "out"
-    result = run_job(real_tree, str(out), ConvertConfig(), _opts())
+    result = run_job(layout_tree, str(out), ConvertConfig(), _opts())
     report = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert {r["id"]: r["status"] for r in report} == {v: s for v, (s, _) in EXPECTED.items() if s != "ok"}
     by_id = {r["id"]: r for r in report}
@@ -100,51 +100,51 @@ def test_report_records_every_video_that_is_not_ok(real_tree, tmp_path):
     assert result["status_counts"] == {"ok": 6, "partial": 1, "short": 2}
 
 
-def test_short_and_damage_policies(real_tree, tmp_path):
+def test_short_and_damage_policies(layout_tree, videos, tmp_path):
     out = tmp_path / "loop"
-    run_job(real_tree, str(out), ConvertConfig(short="loop", on_damage="skip"), _opts())
+    run_job(layout_tree, str(out), ConvertConfig(short="loop", on_damage="skip"), _opts())
     store = open_clips(str(out))
     ids = set(store.video_ids)
     assert "kinetics/decord__corrupted" not in ids
     v90 = [store[i] for i in range(len(store)) if store[i].video_id == "ucf/decord__video_90"]
     assert len(v90) == 1
-    frames, _ = decode_all(os.path.join(SHARED_VIDEOS, "decord__video_90.mov"), FrameSpec())
+    frames, _ = decode_all(videos.path("decord__video_90.mov"), FrameSpec())
     assert np.array_equal(v90[0].clip, frames[[i % 3 for i in range(16)]])
     h265 = [store[i] for i in range(len(store)) if store[i].video_id == "ucf/torchcodec__h265_video"][0]
-    frames, _ = decode_all(os.path.join(SHARED_VIDEOS, "torchcodec__h265_video.mp4"), FrameSpec())
+    frames, _ = decode_all(videos.path("torchcodec__h265_video.mp4"), FrameSpec())
     assert np.array_equal(h265.clip, frames[[i % 10 for i in range(16)]])
-    report = {json.loads(l)["id"]: json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()}
+    report = {json.loads(line)["id"]: json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()}
     assert report["kinetics/decord__corrupted"]["status"] == "failed"
     assert report["kinetics/decord__corrupted"]["reason"].startswith("damaged, skipped by policy")
     assert report["ucf/decord__video_90"]["status"] == "padded"
 
 
-def test_clip_options_stride_step_max_clips_short_side_fps(real_tree, tmp_path):
+def test_clip_options_stride_step_max_clips_short_side_fps(layout_tree, videos, tmp_path):
     config = ConvertConfig(size=None, short_side=64, fps=10, clip_len=8, stride=2, step=4, max_clips=3,
                            codec="lz4")
-    run_job(real_tree, str(tmp_path / "o"), config, _opts())
+    run_job(layout_tree, str(tmp_path / "o"), config, _opts())
     store = open_clips(str(tmp_path / "o"))
     demo = [store[i] for i in range(len(store)) if store[i].video_id == "kinetics/mmaction2__demo"]
     assert len(demo) == 3
-    frames, _ = decode_all(os.path.join(SHARED_VIDEOS, "mmaction2__demo.mp4"), config.frame_spec())
+    frames, _ = decode_all(videos.path("mmaction2__demo.mp4"), config.frame_spec())
     assert frames.shape[1:] == (64, 85, 3)
     for s in demo:
         start = 4 * s.clip_index
         assert np.array_equal(s.clip, frames[start:start + 15:2])
 
 
-def test_tiny_initial_map_size_still_converts_everything(real_tree, tmp_path):
+def test_tiny_initial_map_size_still_converts_everything(layout_tree, tmp_path):
     opts = _opts(shards=1, shard=ShardOptions(store=LmdbOptions(map_size=64 << 10)))
-    result = run_job(real_tree, str(tmp_path / "tiny"), ConvertConfig(), opts)
+    result = run_job(layout_tree, str(tmp_path / "tiny"), ConvertConfig(), opts)
     assert result["totals"]["clips"] == sum(n for _, n in EXPECTED.values())
     assert verify(str(tmp_path / "tiny"))[0] == []
     log = (tmp_path / "tiny" / "logs" / "shard-00000.log").read_text()
     assert "growing LMDB map" in log
 
 
-def test_compact_shrinks_to_the_data(real_tree, tmp_path):
+def test_compact_shrinks_to_the_data(layout_tree, tmp_path):
     opts = _opts(shards=1, shard=ShardOptions(store=LmdbOptions(map_size=1 << 30, compact=True)))
-    result = run_job(real_tree, str(tmp_path / "c"), ConvertConfig(codec="lz4"), opts)
+    result = run_job(layout_tree, str(tmp_path / "c"), ConvertConfig(codec="lz4"), opts)
     size = os.path.getsize(tmp_path / "c" / "shards" / "shard-00000" / "data.mdb")
     assert result["totals"]["value_bytes"] <= size < result["totals"]["value_bytes"] * 1.2 + (1 << 20)
     assert verify(str(tmp_path / "c"))[0] == []
@@ -155,9 +155,10 @@ def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
     r = run_cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress",
              env={"CONVERT_TEST_FAULT": "crash:spin/spin_001"})
     assert r.returncode == 0, r.stderr
-    report = {json.loads(l)["id"]: json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()}
+    report = {json.loads(line)["id"]: json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()}
     assert report["spin/spin_001"]["status"] == "failed"
-    assert "killed by SIGSEGV" in report["spin/spin_001"]["reason"] and "2 attempts" in report["spin/spin_001"]["reason"]
+    reason = report["spin/spin_001"]["reason"]
+    assert "killed by SIGSEGV" in reason and "2 attempts" in reason
     store = open_clips(str(out))
     assert len(set(store.video_ids)) == 19  # every other video is there
 
@@ -165,7 +166,7 @@ def test_crash_and_hang_cost_one_video_each(synth_videos, tmp_path):
     r = run_cli(synth_videos, str(out2), "--workers", "2", "--no-progress", "--video-timeout", "3", "--retries", "0",
              env={"CONVERT_TEST_FAULT": "hang:move_up/move_up_002"})
     assert r.returncode == 0, r.stderr
-    report = {json.loads(l)["id"]: json.loads(l) for l in (out2 / "report.jsonl").read_text().splitlines()}
+    report = {json.loads(line)["id"]: json.loads(line) for line in (out2 / "report.jsonl").read_text().splitlines()}
     assert "per-video timeout" in report["move_up/move_up_002"]["reason"]
     assert len(set(open_clips(str(out2)).video_ids)) == 19
 
@@ -175,7 +176,7 @@ def test_memory_limit_turns_a_huge_allocation_into_one_failed_video(synth_videos
     r = run_cli(synth_videos, str(out), "--workers", "2", "--no-progress", "--max-memory", "2G",
              env={"CONVERT_TEST_FAULT": "alloc:spin/spin_003"})
     assert r.returncode == 0, r.stderr
-    report = [json.loads(l) for l in (out / "report.jsonl").read_text().splitlines()]
+    report = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
     assert report == [{"id": "spin/spin_003", "path": report[0]["path"], "status": "failed",
                        "reason": "out of memory while decoding (see --max-memory)"}]
     assert len(set(open_clips(str(out)).video_ids)) == 19

@@ -13,6 +13,7 @@ import pytest
 
 from .convert_helpers import popen_cli, run_cli
 
+
 # class folder -> shared files in it: a few seconds to convert in all
 def test_two_jobs_at_once_one_runs_the_other_names_it(tiny_tree, tmp_path):
     out = str(tmp_path / "out")
@@ -109,14 +110,14 @@ def test_repairing_a_tfrecord_out_keeps_the_kept_shards_file_lists(tiny_tree, tm
     assert _manifest(out) == first
 
 
-def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tree, tmp_path, shared_videos):
+def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tree, tmp_path, videos):
     from loaders import open_clips
 
     out = str(tmp_path / "out")
     assert run_cli(tiny_tree, out, "--workers", "2", "--shards", "2", "--no-progress").returncode == 0
     first, before = _manifest(out), _files(out)
     for cls, name in (("a", "mmaction2__demo.mp4"), ("b", "moviepy__no_duration.webm")):
-        os.symlink(os.path.join(shared_videos, name), os.path.join(tiny_tree, cls, name))
+        os.symlink(videos.path(name), os.path.join(tiny_tree, cls, name))
     r = run_cli(tiny_tree, out, "--no-progress")
     assert r.returncode == 0 and "already complete" in r.stdout
     assert (f"convert: {out}: 2 video(s) in the source are not in the plan; rerun with --add-new "
@@ -125,7 +126,7 @@ def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tre
 
     r = run_cli(tiny_tree, out, "--workers", "2", "--add-new", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert f"adding 2 new video(s) as 2 new shard(s), shard-00002 to shard-00003" in r.stderr
+    assert "adding 2 new video(s) as 2 new shard(s), shard-00002 to shard-00003" in r.stderr
     assert _files(out).items() >= before.items()  # every old shard file, byte for byte and untouched
     plan = json.loads(open(os.path.join(out, "plan.json")).read())
     assert [s["name"] for s in plan["shards"]] == [f"shard-0000{i}" for i in range(4)]
@@ -143,7 +144,7 @@ def test_videos_added_to_the_source_are_counted_and_added_as_new_shards(tiny_tre
     assert r.returncode == 0 and "already complete" in r.stdout and "not in the plan" not in r.stderr
     # A new class would shift the labels already stored: refused, nothing touched.
     os.makedirs(os.path.join(tiny_tree, "c"))
-    os.symlink(os.path.join(shared_videos, "torchcodec__h265_video.mp4"), os.path.join(tiny_tree, "c", "h.mp4"))
+    os.symlink(videos.path("torchcodec__h265_video.mp4"), os.path.join(tiny_tree, "c", "h.mp4"))
     done = _files(out)
     r = run_cli(tiny_tree, out, "--add-new", "--no-progress")
     assert r.returncode == 2 and r.stderr.count("\n") == 1

@@ -10,20 +10,23 @@ import pytest
 
 from convert.sources import SourceError, from_csv, from_folders, from_list, load_source
 
-from .conftest import shared_video
-
 CSV_HEADER = "label,youtube_id,time_start,time_end,split\n"
 
 
-def _touch_video(path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    shutil.copyfile(shared_video("torchcodec__h265_video.mp4"), path)
+@pytest.fixture()
+def touch_video(videos):
+    """``touch_video(path)`` puts a copy of a small shared video (HEVC, 10 frames) at ``path``."""
+    def touch(path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(videos.path("torchcodec__h265_video.mp4"), path)
+
+    return touch
 
 
-def test_csv_flat_and_class_folder_layouts(tmp_path):
+def test_csv_flat_and_class_folder_layouts(touch_video, tmp_path):
     root = tmp_path / "videos"
-    _touch_video(str(root / "abc_000010_000020.mp4"))                       # flat
-    _touch_video(str(root / "arm wrestling" / "xyz_000001_000011.mp4"))     # class folder
+    touch_video(str(root / "abc_000010_000020.mp4"))                       # flat
+    touch_video(str(root / "arm wrestling" / "xyz_000001_000011.mp4"))     # class folder
     csv = tmp_path / "k400.csv"
     csv.write_text(CSV_HEADER
                    + "arm wrestling,xyz,1,11,train\n"
@@ -37,9 +40,9 @@ def test_csv_flat_and_class_folder_layouts(tmp_path):
     assert [(p.id, p.status) for p in src.problems] == [("gone_000005_000015", "missing")]
 
 
-def test_csv_with_is_cc_column_and_float_times(tmp_path):
+def test_csv_with_is_cc_column_and_float_times(touch_video, tmp_path):
     root = tmp_path / "v"
-    _touch_video(str(root / "q_000003_000013.mp4"))
+    touch_video(str(root / "q_000003_000013.mp4"))
     csv = tmp_path / "k700.csv"
     csv.write_text("label,youtube_id,time_start,time_end,split,is_cc\ndancing,q,3.0,13.0,train,0\n")
     src = from_csv(str(csv), str(root))
@@ -68,12 +71,12 @@ def test_csv_youtube_id_cannot_escape(tmp_path):
     assert "would leave the video root" in src.problems[0].reason
 
 
-def test_list_file_rejects_escapes_and_counts_missing(tmp_path):
+def test_list_file_rejects_escapes_and_counts_missing(touch_video, tmp_path):
     root = tmp_path / "root"
-    _touch_video(str(root / "a" / "v1.mp4"))
-    _touch_video(str(root / "b" / "v2.avi"))
+    touch_video(str(root / "a" / "v1.mp4"))
+    touch_video(str(root / "b" / "v2.avi"))
     outside = tmp_path / "outside.mp4"
-    _touch_video(str(outside))
+    touch_video(str(outside))
     lst = tmp_path / "train.txt"
     lst.write_text(f"a/v1.mp4 1\nb/v2.avi 0\n../outside.mp4 0\n{outside} 1\nmissing.mp4 0\n{root}/a/v1.mp4 1\n")
     src = from_list(str(lst), str(root))
@@ -86,10 +89,10 @@ def test_list_file_rejects_escapes_and_counts_missing(tmp_path):
     assert dup.reason == "duplicate video id"
 
 
-def test_list_file_with_class_names_and_class_file(tmp_path):
+def test_list_file_with_class_names_and_class_file(touch_video, tmp_path):
     root = tmp_path
-    _touch_video(str(root / "v1.mp4"))
-    _touch_video(str(root / "v2.mp4"))
+    touch_video(str(root / "v1.mp4"))
+    touch_video(str(root / "v2.mp4"))
     (root / "list.txt").write_text("v1.mp4 zebra\nv2.mp4 apple\n")
     (root / "classes.txt").write_text("zebra\napple\nmango\n")
     src = from_list(str(root / "list.txt"), classes_file=str(root / "classes.txt"))
@@ -97,9 +100,9 @@ def test_list_file_with_class_names_and_class_file(tmp_path):
     assert [(it.id, it.label) for it in src.items] == [("v1", 0), ("v2", 1)]
 
 
-def test_class_folders(tmp_path):
-    _touch_video(str(tmp_path / "walk" / "x.mp4"))
-    _touch_video(str(tmp_path / "jump" / "sub" / "y.webm"))
+def test_class_folders(touch_video, tmp_path):
+    touch_video(str(tmp_path / "walk" / "x.mp4"))
+    touch_video(str(tmp_path / "jump" / "sub" / "y.webm"))
     (tmp_path / "jump" / "notes.txt").write_text("not a video")
     src = from_folders(str(tmp_path))
     assert src.classes == ["jump", "walk"]
@@ -111,9 +114,9 @@ def test_missing_source_is_one_clear_error(tmp_path):
         load_source(str(tmp_path / "nope"))
 
 
-def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(tmp_path):
+def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(touch_video, tmp_path):
     root = tmp_path / "v"
-    _touch_video(str(root / "ok_000001_000011.mp4"))
+    touch_video(str(root / "ok_000001_000011.mp4"))
     csv = tmp_path / "k.csv"
     csv.write_text(CSV_HEADER
                    + "dance,ok,1,11,train\n"
@@ -144,12 +147,12 @@ def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(tmp_path)
     ]
 
 
-def test_csv_job_with_an_inf_row_reports_it_and_converts_the_rest(tmp_path):
+def test_csv_job_with_an_inf_row_reports_it_and_converts_the_rest(touch_video, tmp_path):
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
 
     root = tmp_path / "v"
-    _touch_video(str(root / "ok_000001_000011.mp4"))
+    touch_video(str(root / "ok_000001_000011.mp4"))
     csv = tmp_path / "k.csv"
     csv.write_text(CSV_HEADER + "dance,ok,1,11,train\ndance,bad,inf,10,train\n")
     out = tmp_path / "out"
@@ -168,10 +171,10 @@ def test_csv_that_the_csv_module_cannot_parse_is_one_clear_error(tmp_path):
         from_csv(str(csv), str(tmp_path))
 
 
-def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
+def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(touch_video, tmp_path):
     root = tmp_path / "v"
     for stem in ("t1_000000_000010", "t2_000000_000010", "t3_000000_000010", "v1_000000_000010"):
-        _touch_video(str(root / f"{stem}.mp4"))
+        touch_video(str(root / f"{stem}.mp4"))
     csv = tmp_path / "k.csv"
     csv.write_text(CSV_HEADER + "juggling,t1,0,10,train\nbowling,t2,0,10,train\nzumba,t3,0,10,train\n"
                    + "zumba,v1,0,10,val\n" + "archery,t4,0,10,test\n")  # no video: its class still counts
@@ -194,11 +197,11 @@ def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(tmp_path):
     assert fixed.classes == ["zumba", "juggling", "bowling"] and fixed.items[0].label == 0
 
 
-def test_videos_root_check_is_lexical_and_follows_symlinks_as_the_help_says(tmp_path):
+def test_videos_root_check_is_lexical_and_follows_symlinks_as_the_help_says(touch_video, tmp_path):
     from convert.cli import build_parser
 
     outside = tmp_path / "elsewhere" / "real.mp4"
-    _touch_video(str(outside))
+    touch_video(str(outside))
     root = tmp_path / "root"
     root.mkdir()
     os.symlink(outside, root / "linked.mp4")                  # inside the root, pointing out of it

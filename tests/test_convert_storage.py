@@ -16,9 +16,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from convert.format import BACKENDS  # tests run over every registered backend and codec
-
-from convert.format import FormatError, StoreFullError
+from convert.format import (
+    BACKENDS,  # tests run over every registered backend and codec
+    FormatError,
+    StoreFullError,
+)
 
 from .convert_helpers import run_cli
 from .loaders_fixtures import payloads
@@ -167,7 +169,7 @@ def test_the_start_warns_when_the_device_looks_too_small(tiny_tree, tmp_path, mo
     out = str(tmp_path / "out")
     plan = prepare(tiny_tree, out, ConvertConfig(), JobOptions(workers=1, shards=1, progress=False))
     need = space.estimate_bytes_needed(out, plan, [0])
-    # 4 real videos, 128x171 raw: about a hundred clips of 1 MB
+    # 4 shared videos (either tier: the same frame counts), 128x171 raw: clips of 1 MB each
     assert 20 << 20 < need < 400 << 20
     said: list[str] = []
     usage = shutil.disk_usage(out)

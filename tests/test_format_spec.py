@@ -18,10 +18,10 @@ import lmdb
 import lz4.block
 import numpy as np
 import pytest
-
-from convert.format import BACKENDS, WRITE_CODECS  # tests run over every registered backend and codec
 from PIL import Image
 from tfrecord import example_pb2
+
+from convert.format import BACKENDS, WRITE_CODECS  # tests run over every registered backend and codec
 
 
 def _payload_to_array(codec_id: int, payload: bytes, shape: tuple[int, int, int, int]) -> np.ndarray:

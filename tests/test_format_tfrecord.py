@@ -14,9 +14,10 @@ import time
 import numpy as np
 import pytest
 
-from convert.format import WRITE_CODECS  # tests run over every registered backend and codec
-
-from convert.format import FormatError
+from convert.format import (
+    WRITE_CODECS,  # tests run over every registered backend and codec
+    FormatError,
+)
 from convert.format.tfrecord import TFRecordOptions
 from loaders import ClipDataset, open_clips
 
@@ -79,14 +80,15 @@ def test_lmdb_and_tfrecord_hold_identical_clips_and_checksums(tf_roots, synth_vi
 
 
 def test_parts_roll_over_at_the_target_size(synth_videos, tf_roots, tmp_path):
+    from convert.format.verify import verify
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
     from convert.supervise import ShardOptions
-    from convert.format.verify import verify
 
     out = str(tmp_path / "small_parts")
     run_job(synth_videos, out, ConvertConfig(codec="lz4", backend="tfrecord"),
-            JobOptions(workers=2, shards=3, progress=False, shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
+            JobOptions(workers=2, shards=3, progress=False,
+                       shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     for shard in manifest["shards"]:
         sizes = [f["bytes"] for f in shard["files"]]
@@ -223,14 +225,15 @@ def test_retry_failed_and_a_deleted_shard_on_tfrecord_give_the_clean_checksums(t
 
 def test_parts_past_99999_are_read_in_number_order(synth_videos, tmp_path):
     """Part numbers grow past five digits; `part-100000` must come after `part-99999`, not before it."""
+    from convert.format.verify import verify
     from convert.job import JobOptions, run_job
     from convert.plan import ConvertConfig
     from convert.supervise import ShardOptions
-    from convert.format.verify import verify
 
     out = str(tmp_path / "renumbered")
     run_job(synth_videos, out, ConvertConfig(codec="raw", backend="tfrecord"),
-            JobOptions(workers=2, shards=1, progress=False, shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
+            JobOptions(workers=2, shards=1, progress=False,
+                       shard=ShardOptions(store=TFRecordOptions(part_bytes=2 << 20))))
     before = open_clips(out)
     expected = [(r.video_id, r.clip_index, r.clip.copy()) for r in (before[i] for i in range(len(before)))]
     del before

@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from loaders import ClipDataset, open_clips
 from convert.format.lmdb import HANDLES, clip_key
+from loaders import ClipDataset, open_clips
 
 from .loaders_fixtures import loader_base, raw_root  # noqa: F401
 
@@ -55,7 +55,7 @@ def _read_in_child(path: str, key: bytes, queue) -> None:
     try:
         with HANDLES.get(path).begin() as txn:
             queue.put(len(txn.get(key)))
-    except Exception as exc:  # report any failure to the parent, which asserts on it
+    except Exception as exc:  # noqa: BLE001 - report any failure to the parent, which asserts on it
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
@@ -99,7 +99,8 @@ def test_shard_maps_keep_the_kernels_read_around(raw_root):  # noqa: F811
 
 
 def test_the_cold_benchmark_drops_a_file_from_the_page_cache(tmp_path):
-    """``loaders.bench --sections cold`` is only cold if the drop works: reading the file again must fault."""
+    """``python -m benchmarks.loaders --sections cold`` is only cold if the drop works: reading the file again
+    must fault."""
     import mmap
     import resource
 

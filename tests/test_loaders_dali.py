@@ -18,9 +18,8 @@ pytest.importorskip("nvidia.dali")
 
 import lmdb  # noqa: E402
 
-from convert.format.lmdb import HANDLES, clip_key  # noqa: E402
-
 from convert.format import FormatError  # noqa: E402
+from convert.format.lmdb import HANDLES, clip_key  # noqa: E402
 from loaders import ClipDataset, ClipPreset, DistributedClipSampler, open_clips, to_model_input  # noqa: E402
 from loaders.dali import DaliClipLoader, build_dali_loader  # noqa: E402
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import gc
 import io
-import re
 import os
+import re
 
 import numpy as np
 import pytest

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from convert.format import WRITE_CODECS  # tests run over every registered backend and codec
 import torch
 from torch.utils.data._utils.collate import default_collate
 
+from convert.format import WRITE_CODECS  # tests run over every registered backend and codec
 from loaders import ClipDataset, ClipPreset, DistributedClipSampler, build_loader, open_clips
 from loaders.dataset import ClipBatch, collate
 from loaders.presets import apply
@@ -107,7 +106,7 @@ def test_preset_and_fields_must_agree(raw_root):
         ClipDataset(raw_root, train=False, crop_size=150)
 
 
-def _reference(ds: LmdbClipDataset, epoch: int) -> dict[int, torch.Tensor]:
+def _reference(ds: ClipDataset, epoch: int) -> dict[int, torch.Tensor]:
     return {i: ds[(epoch, i)]["clip"] for i in range(len(ds))}
 
 

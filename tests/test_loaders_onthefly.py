@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -14,7 +12,6 @@ from convert.format import FormatError
 from loaders import ClipPreset
 from loaders.presets import apply
 
-from .conftest import SHARED_VIDEOS
 from .loaders_fixtures import loader_base, raw_root  # noqa: F401
 
 
@@ -59,13 +56,11 @@ def test_train_window_is_random_but_keyed_by_epoch_and_index(synth_videos, frame
     assert len(starts) > 2
 
 
-def test_real_videos_through_a_list_file(tmp_path, frames_of):
-    if not os.path.isdir(SHARED_VIDEOS):
-        pytest.skip(f"{SHARED_VIDEOS} missing")
+def test_shared_videos_through_a_list_file(videos, tmp_path, frames_of):
     listing = tmp_path / "list.txt"
     # the 3-frame rotated clip is looped up to 16 frames
     listing.write_text("mmaction2__demo.mp4 0\nmmcv__test.mp4 1\ndecord__video_90.mov 1\n")
-    ds = OnTheFlyVideoDataset(str(listing), train=False, videos=SHARED_VIDEOS,
+    ds = OnTheFlyVideoDataset(str(listing), train=False, videos=videos.root,
                               preset=ClipPreset(train=False, crop_size=112))
     assert [it.label for it in ds.items] == [1, 0, 1]  # sorted by id
     for i in range(len(ds)):

@@ -11,19 +11,34 @@ import threading
 
 import numpy as np
 import pytest
-
-from convert.format import BACKENDS, WRITE_CODECS  # tests run over every registered backend and codec
 import torch
 
-from convert.format import FormatError
+from convert.format import BACKENDS, WRITE_CODECS, FormatError  # tests run over every registered backend and codec
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
-from loaders import (ClipDataset, DistributedClipSampler, LoaderTimeout, ThreadedClipLoader,
-                     build_loader, default_threads, loader_meter, open_clips)
+from loaders import (
+    ClipDataset,
+    DistributedClipSampler,
+    LoaderTimeout,
+    ThreadedClipLoader,
+    build_loader,
+    default_threads,
+    loader_meter,
+    open_clips,
+)
 
 from .conftest import load_script
-from .loaders_fixtures import (converted, copy_conversion, jpeg_root, loader_base, lz4_root, raw_root,  # noqa: F401
-                               payloads, rewrite_value, tfrecord_converted)
+from .loaders_fixtures import (  # noqa: F401
+    converted,
+    copy_conversion,
+    jpeg_root,
+    loader_base,
+    lz4_root,
+    payloads,
+    raw_root,
+    rewrite_value,
+    tfrecord_converted,
+)
 
 FIELDS = ("clip", "label", "clip_index", "index")
 

@@ -20,12 +20,10 @@ import pytest
 import torch
 
 import train.data
-
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
 
-from .train_fixtures import (ROOT, assert_states_equal, common, final_state, one_line_error,  # noqa: F401
-                             subprocess_env, tiny_data)
+from .train_fixtures import ROOT, assert_states_equal, common, final_state, one_line_error, subprocess_env, tiny_data  # noqa: F401
 
 
 def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import tomllib
 from importlib.metadata import version
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
