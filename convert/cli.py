@@ -13,18 +13,16 @@ import dataclasses
 import difflib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .argtypes import OneLineParser, parse_bytes, parse_short_side, parse_size
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS
+from .options import JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
 from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
-
-if TYPE_CHECKING:
-    from .job import JobOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 
@@ -136,8 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOptions]:
-    from .job import JobOptions
-
     size = None if args.short_side is not None else (args.size or (128, 171))
     config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
                            fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,

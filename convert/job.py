@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .finalize import finalize
 from .format import MANIFEST, PLAN, SHARD_DIR, FormatError, read_manifest, shard_name
 from .format.layout import write_json_atomic
 from .format.system import cpu_count
+from .options import JobOptions
 from .outdir import check_out, hold_out
 from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan
 from .progress import ProgressBar
@@ -27,19 +27,7 @@ from .rerun import HeldRecords, failed_videos, kept_summaries, new_videos, read_
 from .schedule import run_shards
 from .sources import Source, load_source
 from .space import SpaceCheck, pending_videos
-from .supervise import ShardOptions, prestart
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """How to run (not what to produce): parallelism, timeouts, shard count."""
-
-    workers: int = 0  # 0: every core
-    shards: int | None = None
-    shard: ShardOptions = ShardOptions()
-    dask: str | None = None  # scheduler address, or "local" for a LocalCluster
-    progress: bool = True
-
+from .supervise import prestart
 
 
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from .format.system import cpu_count
+from .options import JobOptions
 from .plan import Plan
 from .supervise import run_shard
-
-if TYPE_CHECKING:
-    from .job import JobOptions
-
 
 SIZE_SAMPLE = 64  # videos per shard whose file size is read to weigh it
 
