@@ -21,7 +21,7 @@ from .format.layout import write_json_atomic
 from .format.system import cpu_count
 from .options import JobOptions
 from .outdir import check_out, hold_out
-from .plan import ConvertConfig, Plan, PlanError, check_same, default_shards, load_plan, make_plan
+from .plan import ConvertConfig, Plan, PlanError, admit, check_same, default_shards, load_plan, make_plan
 from .progress import ProgressBar
 from .rerun import HeldRecords, failed_videos, kept_summaries, new_videos, read_source_again, shards_to_repair
 from .schedule import run_shards
@@ -41,7 +41,7 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
         check_same(existing, config, source_info, out)
         return existing
     if source is None:
-        source = load_source(src, videos=videos, split=split, classes_file=classes_file)
+        source = admit(load_source(src, videos=videos, split=split, classes_file=classes_file), config.backend)
     source_info["kind"] = source.kind
     workers = opts.workers or cpu_count()
     n_shards = opts.shards or default_shards(len(source.items), workers)
@@ -73,11 +73,12 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     rerun = os.path.exists(os.path.join(out, PLAN))
     if not rerun:
         # Read the source before creating OUT, so a bad source leaves nothing behind.
-        source = load_source(src, **source_kw)
+        source = admit(load_source(src, **source_kw), config.backend)
     with hold_out(out):
         plan = prepare(src, out, config, opts, source=source, **source_kw)
         if rerun:
             source = read_source_again(src, out, add_new, say, **source_kw)
+            source = admit(source, config.backend) if source is not None else None
         manifest_path = os.path.join(out, MANIFEST)
         finished = os.path.exists(manifest_path)
         notes: dict = {}

@@ -157,6 +157,19 @@ def make_plan(source: Source, config: ConvertConfig, n_shards: int, source_info:
     return Plan(config, source.classes, shards, list(source.problems), source_info)
 
 
+def admit(source: Source, backend: str) -> Source:
+    """``source`` with the videos ``backend`` cannot store (an id it cannot key) moved to its problems."""
+    writer = BACKENDS[backend].writer
+    kept, problems = [], list(source.problems)
+    for item in source.items:
+        why = writer.id_problem(item.id)
+        if why is None:
+            kept.append(item)
+        else:
+            problems.append(Problem(item.id, item.path, "rejected", why))
+    return Source(kept, source.classes, problems, source.kind)
+
+
 def add_shards(plan: Plan, source: Source, n_shards: int) -> list[VideoItem]:
     """Append the source's videos that the plan lacks as ``n_shards`` new shards; returns them.
 

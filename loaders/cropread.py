@@ -16,18 +16,16 @@ from .presets import ClipPreset, CropParams, apply
 
 
 def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, epoch: int, index: int, *,
-                   num_classes: int, verify: bool = False) -> CropParams:
+                   verify: bool = False) -> CropParams:
     """The preset's crop of one stored clip for (epoch, index), after the checks every reader makes.
 
-    ``verify`` checks the payload's CRC-32 first. A label outside the
-    manifest's ``num_classes`` or a clip the preset cannot crop raises
+    ``verify`` checks the payload's CRC-32 first (``ClipStore.visit`` has
+    checked the label and shape). A clip the preset cannot crop raises
     ``FormatError`` without a location; the caller (``ClipStore.visit``) adds
     the shard and clip.
     """
     if verify:
         check_crc(payload, header)
-    if not 0 <= header.label < num_classes:
-        raise FormatError(f"label {header.label} outside the {num_classes} classes of the manifest")
     try:
         return preset.params(epoch, index, header.shape)
     except ValueError as exc:
@@ -35,7 +33,7 @@ def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, 
 
 
 def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: ClipPreset, epoch: int,
-              index: int, *, num_classes: int, verify: bool = False) -> None:
+              index: int, *, verify: bool = False) -> None:
     """Decode one stored clip and write its crop for (epoch, index) into ``out``.
 
     ``verify`` checks the payload's CRC-32; a payload read in place (raw) is
@@ -47,8 +45,7 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
     # backwards: from memory, that order is slow. Streaming the payload through its CRC-32 first (a fast,
     # vectorised pass) leaves it in the CPU's caches for the crop, which then runs faster by more than the
     # check costs (docs/benchmarks.md): the check a user would have to ask for comes for less than free.
-    params = checked_params(header, payload, preset, epoch, index, num_classes=num_classes,
-                            verify=verify or codec.payload.in_place)
+    params = checked_params(header, payload, preset, epoch, index, verify=verify or codec.payload.in_place)
     if params.t is None or out.shape[0] != params.t:
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
     frames = codec.window(payload, header.shape, params.t0, params.t)

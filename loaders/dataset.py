@@ -182,12 +182,10 @@ class ClipDataset(Dataset):
         pairs = [self._resolve(it) for it in items]
         clips, labels, cidx, index = out["clip"], out["label"], out["clip_index"], out["index"]
         vids: list = [None] * len(pairs)
-        n_classes = len(self.classes)
 
         def fill(pos: int, header, payload: memoryview) -> None:
             epoch, i = pairs[pos]
-            crop_into(header, payload, clips[pos], self.preset, epoch, i, num_classes=n_classes,
-                      verify=self.verify_checksums)
+            crop_into(header, payload, clips[pos], self.preset, epoch, i, verify=self.verify_checksums)
             labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id
 
         self.store.visit([i for _, i in pairs], fill)

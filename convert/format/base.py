@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,15 @@ class ShardWriter(ABC):
                 return stop.value
             header, payload = self.encode(video_id, label, clip_index, start, frames)
             put(clip_index, header, payload)
+
+    @classmethod
+    def id_problem(cls, video_id: str) -> str | None:
+        """Why this backend cannot store a video of this id (a key it cannot form), or None when it can.
+
+        Asked of every video at planning, so such a video is rejected with its
+        reason before any work, never found out mid-conversion.
+        """
+        return None
 
     def check_meta(self, stored: dict) -> None:
         """A shard reopened for more writing must hold the same kind of data."""
@@ -220,6 +230,31 @@ class ShardReader(ABC):
     def where(self, video_id: str, clip_index: int) -> str:
         """How errors name one clip: the shard and the clip's identity."""
         return f"{self.path}: {video_id} clip {clip_index}"
+
+    @abstractmethod
+    def check_unchanged(self) -> None:
+        """FormatError when the shard's files changed since this reader opened them.
+
+        A finished shard never changes; one that does is being rewritten (a
+        ``--retry-failed`` rerun of the conversion, or a copy over it), and
+        what this reader knows of it (its records, its index) may be stale: it
+        refuses rather than read on. Backends compare the identity of the file
+        or folder a rewrite must touch (``file_identity``).
+        """
+
+
+def file_identity(path: str) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, modification time in ns) of ``path``; None when it is gone."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def changed_error(path: str) -> FormatError:
+    return FormatError(f"{path}: the shard changed since it was opened (rewritten by a conversion that is "
+                       f"running again, or copied over?); open the conversion again once that is done")
 
 
 @dataclass(frozen=True, kw_only=True)

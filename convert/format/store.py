@@ -142,6 +142,11 @@ class ClipStore(Sequence):
 
     def refs(self, indices: Sequence[int]) -> tuple[np.ndarray, list[tuple[str, int]]]:
         """Shard number and (video id, clip index) of many clips at once (one vectorised search)."""
+        shards, refs, _ = self._locate_many(indices)
+        return shards, refs
+
+    def _locate_many(self, indices: Sequence[int]) -> tuple[np.ndarray, list[tuple[str, int]], list[int]]:
+        """``refs`` and the label each clip's video record gives."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -150,7 +155,8 @@ class ClipStore(Sequence):
         v = np.searchsorted(self._ends, idx, side="right")
         within = idx - (self._ends[v] - self.video_clips[v])
         ids = self.video_ids
-        return self.video_shard[v], [(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())]
+        return (self.video_shard[v], [(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())],
+                self.video_labels[v].tolist())
 
     def visit(self, indices: Sequence[int], fn: Callable[[int, ClipHeader, memoryview], None]) -> None:
         """Call ``fn(position, header, payload)`` for each index, grouped by shard.
@@ -158,15 +164,29 @@ class ClipStore(Sequence):
         ``payload`` may be a view into a shard's memory map, valid only during
         the call (no copy is made). A ``FormatError`` raised by ``fn`` comes
         back naming the shard and the clip.
+
+        Every clip's header is checked first against what the conversion
+        says of it: its label must be its video record's (which is one of the
+        classes) and, where the manifest fixes one, its shape the manifest's.
+        A reader that skips payload checksums by design still never hands
+        out an impossible label or shape.
         """
-        shards, refs = self.refs(indices)
+        shards, refs, labels = self._locate_many(indices)
+        shape, n_classes = self.manifest.data.clip_shape, len(self.classes)
         order = np.argsort(shards, kind="stable")
         bounds = np.flatnonzero(np.diff(shards[order])) + 1
         for group in np.split(order, bounds) if order.size else ():
             positions: list[int] = group.tolist()
 
             def at(k: int, header: ClipHeader, payload: memoryview, positions: list[int] = positions) -> None:
-                fn(positions[k], header, payload)
+                pos = positions[k]
+                if header.label != labels[pos]:
+                    if not 0 <= header.label < n_classes:
+                        raise FormatError(f"label {header.label} outside the {n_classes} classes")
+                    raise FormatError(f"label {header.label}, its video record says {labels[pos]}")
+                if shape is not None and header.shape != shape:
+                    raise FormatError(f"shape {header.shape}, the manifest says {shape}")
+                fn(pos, header, payload)
 
             self.reader(int(shards[group[0]])).visit([refs[p] for p in positions], at)
 

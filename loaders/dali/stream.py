@@ -130,7 +130,6 @@ class _ClipSource:
         self.in_dali = in_dali
         self.verify = verify
         self.needs_shape = needs_shape
-        self.num_classes = len(store.classes)
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
@@ -139,8 +138,7 @@ class _ClipSource:
         return out[0]
 
     def _sample(self, header: ClipHeader, payload: memoryview, epoch: int, index: int) -> tuple[np.ndarray, ...]:
-        p = checked_params(header, payload, self.preset, epoch, index, num_classes=self.num_classes,
-                           verify=self.verify)
+        p = checked_params(header, payload, self.preset, epoch, index, verify=self.verify)
         codec = codec_for_id(header.codec_id)
         t = p.t if p.t is not None else header.shape[0] - p.t0
         # Copies: the payload is a view into the shard, valid only inside visit().

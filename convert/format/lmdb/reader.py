@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import lmdb
 
-from ..base import ShardReader, Visitor
+from ..base import ShardReader, Visitor, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
 from ..layout import MAX_JSON_BYTES, header_len, unpack_header
 from ..records import VideoRecord
@@ -39,9 +40,11 @@ class LmdbReader(ShardReader):
         if not os.path.exists(os.path.join(path, DATA_FILE)):
             raise ShardMissing(f"{path}: shard missing (no {DATA_FILE})")
         self._env()  # open now: a missing or damaged shard fails here, not mid-epoch
-        self.file_size = os.path.getsize(os.path.join(path, DATA_FILE))
+        data = os.path.join(path, DATA_FILE)
+        self._identity = file_identity(data)
+        self.file_size = os.path.getsize(data)
         self._records: list[VideoRecord] | None = None
-        with self._txn() as txn:
+        with self._reading(), self._txn() as txn:
             self._meta: dict | None = self._json(txn, SHARD_KEY, "shard metadata")
             self._complete: dict | None = self._json(txn, COMPLETE_KEY, "shard summary")
             order = self._json(txn, ORDER_KEY, "storage order")
@@ -70,11 +73,17 @@ class LmdbReader(ShardReader):
             raise FormatError(str(exc) if isinstance(exc, OSError) else f"{self.path}: shard cannot be opened: "
                               f"{exc}") from exc
 
-    def _txn(self):
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Any LMDB error inside (a damaged page, tree or meta page) as one FormatError naming the shard."""
         try:
-            return self._env().begin(buffers=True)
+            yield
         except lmdb.Error as exc:
-            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+            raise FormatError(f"{self.path}: read failed: {type(exc).__name__}: {exc}") from exc
+
+    def _txn(self):
+        with self._reading():
+            return self._env().begin(buffers=True)
 
     @property
     def meta(self) -> dict | None:
@@ -86,11 +95,8 @@ class LmdbReader(ShardReader):
 
     def records(self) -> list[VideoRecord]:
         if self._records is None:
-            try:
-                with self._txn() as txn:
-                    self._records = read_records(txn, self.path, self.file_size)
-            except lmdb.Error as exc:
-                raise FormatError(f"{self.path}: read failed: {exc}") from exc
+            with self._reading(), self._txn() as txn:
+                self._records = read_records(txn, self.path, self.file_size)
         return self._records
 
     def storage_order(self) -> list[str] | None:
@@ -113,31 +119,31 @@ class LmdbReader(ShardReader):
                               f"{header.clip_index}")
         return value, header
 
+    def check_unchanged(self) -> None:
+        if file_identity(os.path.join(self.path, DATA_FILE)) != self._identity:
+            raise changed_error(self.path)
+
     def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
-        try:
-            with self._txn() as txn:
-                for pos, (vid, c) in enumerate(clips):
-                    value, header = self._value(txn, vid, c)
-                    try:
-                        fn(pos, header, value[header.offset:])
-                    except FormatError as exc:
-                        raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
-        except lmdb.Error as exc:
-            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+        self.check_unchanged()
+        with self._reading(), self._txn() as txn:
+            for pos, (vid, c) in enumerate(clips):
+                value, header = self._value(txn, vid, c)
+                try:
+                    fn(pos, header, value[header.offset:])
+                except FormatError as exc:
+                    raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
 
     def iter_clips(self):
-        try:
-            with self._txn() as txn:
-                for rec in self.records():
-                    for c in range(rec.clips):
-                        value, header = self._value(txn, rec.video_id, c)
-                        yield value[:header.offset], header, value[header.offset:]
-        except lmdb.Error as exc:
-            raise FormatError(f"{self.path}: read failed: {exc}") from exc
+        self.check_unchanged()
+        with self._reading(), self._txn() as txn:
+            for rec in self.records():
+                for c in range(rec.clips):
+                    value, header = self._value(txn, rec.video_id, c)
+                    yield value[:header.offset], header, value[header.offset:]
 
     def clip_keys(self) -> int:
         """Number of ``c/`` keys actually stored (verify compares it with the records)."""
-        with self._txn() as txn:
+        with self._reading(), self._txn() as txn:
             return clip_key_count(txn)
 
     def checksum(self, version: int) -> str:
@@ -146,7 +152,7 @@ class LmdbReader(ShardReader):
         # Version 1: over (key length, key, value length, header) of every
         # c/ key in LMDB key order.
         h = hashlib.sha256()
-        with self._txn() as txn:
+        with self._reading(), self._txn() as txn:
             for key, value in iter_prefix(txn, CLIP_PREFIX):
                 if len(value) > self.file_size:
                     raise FormatError(f"{self.path}: {bytes(key).decode(errors='replace')}: value claims "

@@ -44,6 +44,7 @@ DEFAULT_MAP_SIZE = 64 << 20
 HEADROOM = 1.5  # reserve 1.5x a video's estimated bytes before writing it
 SLACK = 64 << 20  # extra map (and reserved file) beyond the next video's need
 MAX_GROWTHS = 40
+MAX_KEY_BYTES = 511  # LMDB's key size limit in its default build (mdb_env_get_maxkeysize)
 
 
 class LmdbWriter(ShardWriter):
@@ -87,6 +88,15 @@ class LmdbWriter(ShardWriter):
                 txn.put(SHARD_KEY, json.dumps(meta, sort_keys=True).encode())
             else:
                 self.check_meta(json.loads(bytes(stored)))
+
+    @classmethod
+    def id_problem(cls, video_id: str) -> str | None:
+        # The longest key a video makes: c/<id>/<clip index of up to 10 digits> (uint32).
+        longest = len(CLIP_PREFIX) + len(video_id.encode("utf-8")) + 1 + 10
+        if longest > MAX_KEY_BYTES:
+            return (f"video id of {len(video_id.encode('utf-8'))} bytes is too long for an LMDB shard (its keys "
+                    f"would exceed LMDB's {MAX_KEY_BYTES} bytes); use shorter paths, or --backend tfrecord")
+        return None
 
     def _write(self, what: str) -> _WriteTxn:
         """A write transaction whose LMDB or OS failure is a StoreError naming the shard and ``what``."""

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..base import ShardReader, Visitor
+from ..base import ShardReader, Visitor, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
 from ..layout import ClipHeader, read_json_file, unpack_header
 from ..parts import PartLog, latest_records, part_name
@@ -33,6 +33,8 @@ class TFRecordReader(ShardReader):
         meta_path = os.path.join(path, META_FILE)
         if not os.path.lexists(meta_path):
             raise ShardMissing(f"{path}: shard missing (no {META_FILE})")
+        # A rewrite adds, renames or removes files in the folder (parts, commits, the summary): its identity.
+        self._identity = file_identity(path)
         meta = read_json_file(meta_path, "shard metadata")
         self._meta: dict | None = meta if isinstance(meta, dict) else None
         done = os.path.join(path, COMPLETE_FILE)
@@ -142,7 +144,12 @@ class TFRecordReader(ShardReader):
                               f"{head.clip_index}")
         return header, head, payload
 
+    def check_unchanged(self) -> None:
+        if file_identity(self.path) != self._identity:
+            raise changed_error(self.path)
+
     def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
+        self.check_unchanged()
         for pos, (vid, c) in enumerate(clips):
             try:
                 _, head, payload = self._clip(vid, c)
@@ -151,6 +158,7 @@ class TFRecordReader(ShardReader):
                 raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
 
     def iter_clips(self) -> Iterator[tuple[memoryview, ClipHeader, memoryview]]:
+        self.check_unchanged()
         for rec in self._records:
             for c in range(rec.clips):
                 yield self._clip(rec.video_id, c)
