@@ -39,6 +39,21 @@ def tiny_data(tmp_path_factory) -> str:
     return _BUILT["tiny"]
 
 
+@pytest.fixture(scope="session")
+def tiny_tfrecord(tiny_data) -> str:
+    """The videos of ``tiny_data`` as a TFRecord conversion of raw clips (40 clips, which DALI's native reader
+    reads on its CPU backend too)."""
+    from convert.plan import ConvertConfig
+    from convert.synth import synthetic_conversions
+
+    if "tfrecord" not in _BUILT:
+        base = os.path.dirname(tiny_data)
+        _BUILT["tfrecord"] = synthetic_conversions(
+            base, {"tfrecord": ConvertConfig(backend="tfrecord", codec="raw", size=(40, 52), max_clips=2)},
+            per_class=4, seconds=2.0, seed=7, videos="videos/train", workers=2)["tfrecord"]
+    return _BUILT["tfrecord"]
+
+
 def common(data: str, out) -> list[str]:
     """Options every test run shares: width 1/16, 32x32 crops, one thread, no loader workers, CPU."""
     return ["--data", data, "--out", str(out), "--model-width", "0.0625", "--crop-size", "32", "--workers", "0",

@@ -27,6 +27,8 @@ from loaders import (
     loader_meter,
     open_clips,
 )
+from loaders.dali import route_for  # imports no DALI (loaders.dali.missing says whether it is usable)
+from loaders.dali.sharding import epoch_steps, shard_sizes
 from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "dataset_info", "train_sampler"]
+           "dataset_info", "epoch_share", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -123,6 +125,28 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
     return DistributedClipSampler(int(sum(video_clips)), **kw)
+
+
+def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, clips_per_video: int, seed: int,
+                info: DistInfo) -> tuple[bool, int]:
+    """(whether the training loader pads an epoch's last batch, the samples of this rank's epoch it counts).
+
+    What ``TrainConfig.epoch_steps`` counts the steps of, as the loader
+    ``build_train_data`` makes for ``loader`` counts them: DALI's native
+    TFRecord reader (``loaders.dali.route_for``) pads every rank's shard to
+    the largest, in whole batches (``loaders.dali.sharding``); the samplers'
+    loaders (threads, processes, DALI's source route) drop the partial share
+    and the partial last batch (``train_sampler``).
+    """
+    if loader == "dali" and epoch_mode == "clips":
+        if route_for(root) == "native":
+            return True, max(shard_sizes(int(sum(shape.video_clips)), info.world_size))
+    try:
+        sampler = train_sampler(shape.video_clips, epoch_mode=epoch_mode, clips_per_video=clips_per_video,
+                                world_size=info.world_size, rank=info.rank, seed=seed)
+    except ValueError as exc:  # the sampler's own checks (of the rank and world size...)
+        raise TrainError(f"--data {root}: {exc}") from exc
+    return False, len(sampler)
 
 
 class RankSplit(Sampler):
@@ -276,7 +300,8 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
                                 block=cfg.order_block, window=cfg.order_window)
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
                               pin_memory=info.device.type == "cuda", **_readers(cfg))
-        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch, len(sampler) // batch)
+        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,
+                         epoch_steps(len(sampler), batch, pad_last_batch=False))
 
 
 def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:
