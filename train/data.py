@@ -9,8 +9,9 @@ of the clips by rank, so gathered results hold each clip exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "dataset_info", "epoch_share", "train_sampler"]
+           "data_identity", "dataset_info", "epoch_share", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -61,7 +62,8 @@ class DataShape:
     ``frame`` is (H, W) when every clip has that size, or None when frames keep
     their aspect ratio (``--short-side`` conversions); ``short_side`` is then the
     short side every frame has. ``video_clips``: the stored clips of each video,
-    in the reader's order (what the training sampler deals out).
+    in the reader's order (what the training sampler deals out); ``identity``:
+    what identifies the conversion (``data_identity``).
     """
 
     classes: list[str]
@@ -69,6 +71,18 @@ class DataShape:
     frame: tuple[int, int] | None
     short_side: int | None
     video_clips: tuple[int, ...] = ()
+    identity: Mapping[str, Any] = field(default_factory=dict)
+
+
+def data_identity(manifest: Any) -> dict[str, Any]:
+    """What identifies a conversion's clips, in whatever folder it lies: its totals and the SHA-256 of its
+    shards' SHA-256s in the manifest's order. A checkpoint records it and a resume compares it
+    (``train.checkpoint.check_settings``): the same class names do not make the same data."""
+    h = hashlib.sha256()
+    for shard in manifest.shards:
+        h.update(f"{shard.sha256};".encode())
+    return {"clips": int(manifest.totals.clips), "videos": int(manifest.totals.videos),
+            "shards": len(manifest.shards), "sha256": h.hexdigest()}
 
 
 def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
@@ -104,7 +118,7 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
         where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
         raise TrainError(f"{flag} {root}: --crop-size {crop_size} does not fit {where}")
     return DataShape(list(store.classes), clip_len, frame, int(short) if short else None,
-                     tuple(int(n) for n in store.video_clips))
+                     tuple(int(n) for n in store.video_clips), data_identity(manifest))
 
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,

@@ -24,7 +24,7 @@ from . import dist
 from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
-from .data import build_eval_data, build_train_data, dali_builder, dataset_info
+from .data import DataShape, build_eval_data, build_train_data, dali_builder, dataset_info
 from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -63,17 +63,22 @@ def eval_line(result: dict[str, Any]) -> str:
             f"{result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)")
 
 
-def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo) -> C3D:
-    """C3D for these classes, maybe with fine-tuning weights, on this rank's device."""
+def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo, *, resuming: bool = False) -> C3D:
+    """C3D for these classes, with ``--finetune``'s weights unless ``resuming``, on this rank's device."""
     # Same seed on every rank for the weights (DDP copies rank 0's anyway).
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop,
-                dropout=cfg.dropout)
-    if cfg.finetune and not (cfg.resume and os.path.exists(ckpt_io.latest_path(cfg.out))):
+    try:
+        model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len,
+                    crop_size=cfg.model_crop, dropout=cfg.dropout)
+    except ValueError as exc:  # an input too small for C3D's pools
+        raise TrainError(f"--clip-len {cfg.clip_len} --crop-size {cfg.crop_size} --downsample {cfg.downsample}: "
+                         f"{exc}") from exc
+    if cfg.finetune and not resuming:
         try:
-            left = load_for_finetuning(model, ckpt_io.model_state(ckpt_io.load(cfg.finetune)))
+            weights = ckpt_io.load_named(cfg.finetune, say=lambda text: _say(info, text))
+            left = load_for_finetuning(model, ckpt_io.model_state(weights))
         except ValueError as exc:
             raise TrainError(f"--finetune {cfg.finetune}: {exc}") from exc
         _say(info, f"fine-tuning from {cfg.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
@@ -108,14 +113,32 @@ def auto_batch(cfg: TrainConfig, model: nn.Module, num_classes: int, info: dist.
     return batch, details
 
 
-def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, classes: list[str],
+def check_resume(path: str, saved: dict[str, Any], cfg: TrainConfig, shape: DataShape) -> None:
+    """Refuse, in one line, a resume of checkpoint ``saved`` (read from ``path``) that this run cannot continue:
+    other classes, a setting that decides the weights' shapes, or (unless ``--force-resume``) other data or
+    settings that decide it. Before anything is built, so a refused resume costs no work."""
+    ckpt_io.check_classes(saved, shape.classes, path)
+    ckpt_io.check_settings(saved, cfg, path, data=shape.identity)
+
+
+def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, shape: DataShape,
            info: dist.DistInfo) -> tuple[TrainState, dict | None]:
-    """Load checkpoint ``saved`` (read from ``path``) into model/optimizer/scaler/scheduler and the sampler.
+    """Load checkpoint ``saved`` (read from ``path``, checked by ``check_resume``) into model/optimizer/scaler/
+    scheduler and the sampler, and print what changed since it was saved.
 
     Returns the progress and this rank's RNG state (None when the world size or batch changed).
     """
-    ckpt_io.check_classes(saved, classes, path)
-    before = ckpt_io.check_settings(saved, cfg, path)
+    check_resume(path, saved, cfg, shape)  # again: --batch-size auto resolved the batch since
+    before = ckpt_io.saved_config(saved, path)
+    changed = ckpt_io.changed_settings(before, cfg)
+    recorded = saved.get("data")
+    if recorded is None:
+        _say(info, f"note: checkpoint {path} records no identity of its data (saved before checkpoints did): "
+                   f"--data is not compared with it")
+    elif dict(recorded) != dict(shape.identity):  # let through by --force-resume
+        changed.append(f"the data ({ckpt_io.describe_data(recorded)} -> {ckpt_io.describe_data(shape.identity)})")
+    if changed:
+        _say(info, "changed since the checkpoint: " + ", ".join(changed))
     for name, obj in parts.items():
         try:
             obj.load_state_dict(saved[name])
@@ -124,7 +147,10 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
             raise TrainError(f"checkpoint {path}: its {name} state does not fit this run ({first})") from exc
     state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"],
                        nonfinite=int(saved.get("nonfinite", 0)))
-    data.load_state_dict(saved["sampler"])
+    try:
+        data.load_state_dict(saved["sampler"])
+    except ValueError as exc:  # a sampler state of a scheme or size this loader does not draw
+        raise TrainError(f"checkpoint {path}: its sampler state does not fit this run ({exc})") from exc
     rng = None
     if before.world_size == cfg.world_size and before.batch_size == cfg.batch_size:
         rng = saved["rng"][info.rank]
@@ -209,7 +235,19 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             ckpt_io.remove_run(cfg.out)
     dist.barrier()
 
-    model = build_model(cfg, classes, info)
+    # The checkpoint to resume is chosen (the newest that loads, passes its checksum and is whole) and checked
+    # against this run before anything is built.
+    def say(text: str) -> None:
+        _say(info, text)
+
+    def resumable(ckpt: dict[str, Any], path: str) -> str | None:
+        ckpt_io.check_classes(ckpt, classes, path)  # not one file's damage: other classes stop the search
+        return ckpt_io.resume_problem(ckpt)
+
+    found = ckpt_io.newest_complete(cfg.out, say, check=resumable) if cfg.resume else None
+    if found is not None:
+        check_resume(*found, cfg, shape)
+    model = build_model(cfg, classes, info, resuming=found is not None)
     auto = None
     if cfg.auto_batch:
         batch, auto = auto_batch(cfg, model, len(classes), info)
@@ -251,9 +289,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         latest = ckpt_io.latest_path(cfg.out)
         state, rng = TrainState(), None
         tracker = BestTracker(cfg.early_stop)
-        found = ckpt_io.newest_complete(cfg.out, lambda text: _say(info, text)) if cfg.resume else None
         if found is not None:
-            state, rng = resume(*found, cfg, parts, data, classes, info)
+            state, rng = resume(*found, cfg, parts, data, shape, info)
             tracker.load_state_dict(found[1].get("best"))
             if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
                 limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
@@ -281,7 +318,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                     **{name: obj.state_dict() for name, obj in parts.items()},
                     "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
                     "sampler": data.state_dict(consumed=st.epoch_step * batch_size), "best": tracker.state_dict(),
-                    "rng": rngs, "classes": classes, "config": cfg.to_dict(),
+                    "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last)
 
         _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
