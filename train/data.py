@@ -198,6 +198,9 @@ class TrainData:
     steps_per_epoch: int
     extra: dict = field(default_factory=dict)
     meter: Any = None  # loaders.loader_meter(loader), made on first use
+    # state_dict(consumed) may be behind what the loader has read (a step abandoned for a signal is read again
+    # on resume); DALI's native reader saves only where its pipeline stands.
+    rewinds: bool = True
 
     def loader_stats(self) -> dict:
         """The loader's own clips/s and queue depth since the last call (``loaders.loader_meter``)."""
@@ -306,7 +309,7 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data)
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
-                             int(loader.steps_per_epoch))
+                             int(loader.steps_per_epoch), rewinds=route_for(root) != "native")
         ds = _dataset(root, True, preset, cfg)
         sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
                                 world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,

@@ -25,7 +25,7 @@ from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
 from .data import DataShape, build_eval_data, build_train_data, dali_builder, dataset_info
-from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
+from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
 from .metrics import MetricsLog, read_metrics
@@ -36,7 +36,7 @@ from .readerrors import reading
 from .schedule import build_optimizer, build_scheduler
 from .workers import end_workers_at_exit
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def _say(info: dist.DistInfo, text: str) -> None:
@@ -165,7 +165,8 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
 
 @contextlib.contextmanager
 def stop_signals(stop: StopRequest):
-    """SIGTERM and SIGUSR1 ask the loop to save and stop at the next step boundary (preemption on clusters).
+    """SIGTERM, SIGINT and SIGUSR1 ask the loop to save and stop (preemption on clusters, Ctrl-C): at the next
+    step boundary, or within the step in one process (``engine.stop_checks``).
 
     Installed only in the main thread (where Python delivers signals); the
     previous handlers come back afterwards, for library callers.
@@ -310,8 +311,11 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                                           progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
                                           gpu=GpuStats(device) if info.is_main else None)
 
+        saved_step = [state.step if resumed else -1]  # the step of the newest checkpoint in OUT
+
         def save(st: TrainState) -> None:
             # Every rank's RNG goes in, so each rank resumes its own dropout stream.
+            saved_step[0] = st.step
             rngs = dist.all_gather_object(ckpt_io.rng_state())
             if info.is_main:
                 ckpt_io.save_checkpoint({
@@ -329,34 +333,53 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         if rng is not None:
             ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
         criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+        def evaluated(name: str) -> tuple[int, dict, dict]:
+            """Evaluate on --val-data, count it for --early-stop and the best checkpoint, save this step's
+            checkpoint (with the tracker's new state) and point checkpoint_best.pt at it when it is the best so
+            far: every evaluation alike, the final one included. ``Interrupted`` by a stop signal: nothing kept."""
+            if val is None:
+                raise TrainError("an evaluation needs --val-data")
+            result = _eval_and_log(model, val, state, cfg, step_cfg, log, info, name)
+            improved = tracker.update(result[1]["video_top1"], state.step)
+            save(state)
+            if improved and info.is_main:
+                ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
+            return result
+
         t_start = time.perf_counter()
         last_eval = None
         stopped = None
         with stop_signals(stop):
-            while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
-                data.set_epoch(state.epoch)
-                data.set_position(state.epoch_step * batch_size)
-                with reading("--data", cfg.data):
-                    stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data, state,
-                                              step_cfg, log, save, world_size=info.world_size)
-                if stopped:
-                    break  # --max-steps or a signal; train_one_epoch saved the checkpoint
-                state.epoch += 1
-                state.epoch_step = 0
-                improved = False
-                if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
-                    last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info,
-                                              f"epoch{state.epoch:03d}")
-                    improved = tracker.update(last_eval[1]["video_top1"], state.step)
-                save(state)
-                if improved and info.is_main:
-                    ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
-                if tracker.exhausted:
-                    stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
-                               f"{tracker.best_step}) in {tracker.since} evaluations")
-                    _say(info, stopped)
-                    break
-        train_s = time.perf_counter() - t_start
+            try:
+                while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
+                    data.set_epoch(state.epoch)
+                    data.set_position(state.epoch_step * batch_size)
+                    with reading("--data", cfg.data):
+                        stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data,
+                                                  state, step_cfg, log, save, world_size=info.world_size)
+                    if stopped:
+                        break  # --max-steps or a signal; train_one_epoch saved the checkpoint
+                    state.epoch += 1
+                    state.epoch_step = 0
+                    if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
+                        last_eval = evaluated(f"epoch{state.epoch:03d}")
+                    else:
+                        save(state)
+                    if tracker.exhausted:
+                        stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} "
+                                   f"(step {tracker.best_step}) in {tracker.since} evaluations")
+                        _say(info, stopped)
+                        break
+                train_s = time.perf_counter() - t_start
+                interrupted = bool(stopped and stopped.startswith("signal"))
+                if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
+                    last_eval = evaluated("final")
+            except Interrupted as exc:  # an evaluation cut short: this step's checkpoint is kept, or saved now
+                train_s = time.perf_counter() - t_start
+                if saved_step[0] != state.step:
+                    save(state)
+                stopped = f"signal {exc.signal}"
         if profiler is not None:
             _say(info, profiler.close())
 
@@ -366,9 +389,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                                    "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
                                    "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
                                    "config": cfg.to_dict()}
-        interrupted = bool(stopped and stopped.startswith("signal"))
-        if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-            last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info, "final")
         if last_eval is not None:
             summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
         if info.is_main:
@@ -434,7 +454,7 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
                   log: MetricsLog, info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
     with reading("--val-data", cfg.val_data or ""):
         result = evaluate(model, val, step_cfg.device, step_cfg.amp_dtype, channels_last=step_cfg.channels_last,
-                          downsample=step_cfg.downsample, progress=step_cfg.progress)
+                          downsample=step_cfg.downsample, progress=step_cfg.progress, stop=step_cfg.stop)
     files: dict[str, str] = {}
     if info.is_main:
         files = save_eval(cfg.out, name, result)
