@@ -23,6 +23,7 @@ from .checkpoint import rng_state, set_rng_state
 from .data import EvalData, TrainData
 from .errors import TrainError
 from .gpustats import GpuStats, format_gpu
+from .heartbeat import Heartbeat
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 if TYPE_CHECKING:
@@ -162,17 +163,19 @@ class StepConfig:
     # A stop signal abandons the step in progress (stop_checks) instead of waiting for its end: one process
     # only, uncompiled (under torchrun every rank must stop at the same step, which they agree on at its end).
     stop_within_step: bool = False
+    heartbeat: Heartbeat | None = None  # a progress line now and then where no progress bar is shown
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, main: bool = True, progress: bool = False,
-                    stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None) -> StepConfig:
+                    stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None,
+                    heartbeat: Heartbeat | None = None) -> StepConfig:
         """The step settings of a run's ``TrainConfig`` (resolved in this process), with this process's helpers."""
         return cls(device=torch.device(cfg.device), amp_dtype=cfg.amp_dtype, accum_steps=cfg.accum_steps,
                    channels_last=cfg.channels_last, downsample=cfg.downsample,
                    colour_perm_seed=cfg.seed if cfg.colour_permutation else None, clip_grad_norm=cfg.clip_grad_norm,
                    max_steps=cfg.max_steps, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=progress,
                    main=main, stop=stop, gpu=gpu, profiler=profiler,
-                   stop_within_step=cfg.world_size == 1 and not cfg.compile)
+                   stop_within_step=cfg.world_size == 1 and not cfg.compile, heartbeat=heartbeat)
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -279,6 +282,8 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
                 bar.update(1)
             if cfg.profiler is not None:
                 cfg.profiler.step()
+            if cfg.heartbeat is not None:
+                cfg.heartbeat.at_step(state.step, state.epoch)
             at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
             if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
                 _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
@@ -382,6 +387,8 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
     gpu = cfg.gpu.sample() if cfg.gpu is not None else {}
     record.update(gpu)
     log.log(record)
+    if cfg.heartbeat is not None:
+        cfg.heartbeat.loss(record["loss"])
     if bar is not None:
         extra = {"gpu": format_gpu(gpu)[4:]} if gpu else {}
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",

@@ -28,6 +28,7 @@ from .data import DataShape, build_eval_data, build_train_data, dali_builder, da
 from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
+from .heartbeat import Heartbeat
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
@@ -307,9 +308,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         log.start(state.step if resumed else None)
         profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
         stop = StopRequest()
+        total = min(cfg.epochs * steps, cfg.max_steps or cfg.epochs * steps)
+        # Without a terminal there is no progress bar: a line every HEARTBEAT_S seconds shows the run is alive.
+        heartbeat = (Heartbeat(total=total, steps_per_epoch=steps, epochs=cfg.epochs, step=state.step)
+                     if info.is_main and not cfg.no_progress and not sys.stdout.isatty() else None)
         step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=stop, profiler=profiler,
                                           progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
-                                          gpu=GpuStats(device) if info.is_main else None)
+                                          gpu=GpuStats(device) if info.is_main else None, heartbeat=heartbeat)
 
         saved_step = [state.step if resumed else -1]  # the step of the newest checkpoint in OUT
 
@@ -340,7 +345,11 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             far: every evaluation alike, the final one included. ``Interrupted`` by a stop signal: nothing kept."""
             if val is None:
                 raise TrainError("an evaluation needs --val-data")
+            if heartbeat is not None:
+                heartbeat.phase("evaluating")
             result = _eval_and_log(model, val, state, cfg, step_cfg, log, info, name)
+            if heartbeat is not None:
+                heartbeat.phase("training")
             improved = tracker.update(result[1]["video_top1"], state.step)
             save(state)
             if improved and info.is_main:
@@ -350,7 +359,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         t_start = time.perf_counter()
         last_eval = None
         stopped = None
-        with stop_signals(stop):
+        with stop_signals(stop), heartbeat if heartbeat is not None else contextlib.nullcontext():
             try:
                 while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
                     data.set_epoch(state.epoch)
