@@ -6,13 +6,22 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from train import checkpoint as ckpt_io
 from train.main import run_argv
 from train.metrics import read_metrics
 
-from .train_fixtures import ROOT, assert_states_equal, common, final_state, subprocess_env, tiny_data  # noqa: F401
+from .train_fixtures import (  # noqa: F401
+    ROOT,
+    assert_states_equal,
+    common,
+    final_state,
+    slow_c3d,
+    subprocess_env,
+    tiny_data,
+)
 
 # 40 clips, batch 8: 5 steps per epoch.
 ARGS = ["--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--ckpt-every", "1"]
@@ -86,3 +95,68 @@ def test_early_stop_after_patience_evaluations_without_improvement(tiny_data, tm
     evals = [r for r in read_metrics(str(tmp_path / "es" / "metrics.jsonl")) if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [5, 10, 15]
     assert ckpt_io.load(str(tmp_path / "es" / "checkpoint_best.pt"))["step"] == 5
+
+
+def test_the_final_evaluation_updates_the_best_checkpoint(tiny_data, tmp_path, monkeypatch):
+    """Evaluations after step 5 (the epoch's end) and at step 7 (--max-steps, the final one) scoring better each
+    time: checkpoint_best.pt is step 7's, and the checkpoint there knows it (a resumed run compares with it)."""
+    import train.main
+
+    real = train.main.evaluate
+    scores = iter([0.5, 0.75])
+
+    def improving(*args, **kwargs):
+        return {**real(*args, **kwargs), "video_top1": next(scores)}
+
+    monkeypatch.setattr(train.main, "evaluate", improving)
+    out = tmp_path / "best"
+    s = run_argv(common(tiny_data, out) + ARGS + ["--epochs", "2", "--max-steps", "7", "--ckpt-every", "0",
+                                                 "--val-data", tiny_data])
+    assert s["step"] == 7 and s["eval"]["video_top1"] == 0.75
+    best = ckpt_io.load(str(out / "checkpoint_best.pt"))
+    assert best["step"] == 7 and best["best"] == {"best": 0.75, "best_step": 7, "since": 0}
+    assert os.path.samefile(out / "checkpoint_best.pt", out / "checkpoint.pt")
+    assert s["best"]["best_step"] == 7
+
+
+SLOW_S = 0.75  # seconds each slow layer sleeps, forward and backward: a step of four takes 6 s
+
+
+def test_sigterm_ends_a_slow_step_within_a_layer_and_resumes_exactly(tiny_data, tmp_path, monkeypatch):
+    """A SIGTERM in the middle of step 2's backward pass (after its forward updated BatchNorm's statistics and
+    drew dropout masks) ends the run within a slow layer, not after the step; the checkpoint is step 1's, with the
+    RNG and buffers of step 2's start, and the resumed run ends on the weights of an unbroken one."""
+    import train.main
+
+    args = ARGS + ["--bn", "--epochs", "1", "--ckpt-every", "0"]
+    run_argv(common(tiny_data, tmp_path / "a") + args)
+    calls: list[float] = []
+    signalled: list[float] = []
+    saved: list[float] = []
+
+    def sigterm_in_step_2_backward() -> None:
+        while len(calls) < 2:
+            time.sleep(0.01)
+        time.sleep(4 * SLOW_S + SLOW_S / 2)  # step 2's forward passes four slow layers, then its backward
+        signalled.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    real_save = ckpt_io.save_checkpoint
+
+    def timed_save(*a, **kw):
+        saved.append(time.monotonic())
+        return real_save(*a, **kw)
+
+    out = tmp_path / "b"
+    with monkeypatch.context() as patch:
+        patch.setattr(train.main, "C3D", slow_c3d(calls, SLOW_S))
+        patch.setattr(ckpt_io, "save_checkpoint", timed_save)
+        timer = threading.Thread(target=sigterm_in_step_2_backward, daemon=True)
+        timer.start()
+        s = run_argv(common(tiny_data, out) + args)
+        timer.join(5)
+    assert s["stopped"] == "signal SIGTERM" and s["step"] == 1, s["stopped"]
+    assert len(saved) == 1 and saved[0] - signalled[0] < 2 * SLOW_S, saved[0] - signalled[0]  # a step: 8 x SLOW_S
+    assert final_state(out)["step"] == 1
+    run_argv(common(tiny_data, out) + args + ["--resume"])
+    assert_states_equal(final_state(tmp_path / "a")["model"], final_state(out)["model"])

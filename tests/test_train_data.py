@@ -15,7 +15,7 @@ from train.data import dataset_info
 from train.main import main
 
 from .loaders_fixtures import copy_conversion, loader_base, rewrite_value, short_side_root  # noqa: F401
-from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
+from .train_fixtures import common, cpu_config, tiny_data, tiny_tfrecord  # noqa: F401
 
 
 def test_fixed_size_conversion(tiny_data):
@@ -76,3 +76,38 @@ def test_video_epochs_in_the_trainer(tiny_data, tmp_path):
     data.set_epoch(1)
     videos = [v for b in data for v in b["video_id"]]
     assert len(videos) == 16 and len(set(videos)) == 16  # 16 different videos, one clip each
+
+
+@pytest.mark.parametrize("loader", ["threads", "processes", "dali-source", "dali-native"])
+def test_every_loader_gives_the_configs_steps_when_the_batch_does_not_divide_the_clips(
+        tiny_data, tiny_tfrecord, tmp_path, loader):
+    """40 clips at batch 6, on one rank and on each of two: the config's steps per epoch are the ones the loader
+    yields, the partial last batch dropped (the samplers' loaders, DALI's source route) or padded to a whole one
+    (DALI's native TFRecord reader, pad_last_batch), and a run trains that many steps per epoch."""
+    from train.args import build_parser, resolve_config
+    from train.data import build_train_data
+    from train.dist import DistInfo
+    from train.main import run_argv
+
+    kind, _, route = loader.partition("-")
+    if kind == "dali":
+        pytest.importorskip("nvidia.dali")
+    data = tiny_tfrecord if route == "native" else tiny_data
+    argv = common(data, tmp_path / "run") + ["--loader", kind, "--batch-size", "6", "--epochs", "1"]
+    if kind == "processes":
+        argv += ["--workers", "1"]
+    padded = route == "native"
+    s = run_argv(argv)
+    assert (s["step"], s["epoch"]) == (7 if padded else 6, 1)
+    for world, expected in ((1, 7 if padded else 6), (2, 4 if padded else 3)):
+        for rank in range(world):
+            info = DistInfo(rank, world, rank, torch.device("cpu"), None)
+            cfg = resolve_config(build_parser().parse_args(argv), info)
+            assert cfg.steps_per_epoch == expected and cfg.pad_last_batch == padded, (world, rank)
+            train_data = build_train_data(cfg, info)
+            try:
+                assert train_data.steps_per_epoch == expected
+                batches = [b["clip"].shape[0] for b in train_data]
+                assert batches == [6] * expected, (world, rank)
+            finally:
+                train_data.close()

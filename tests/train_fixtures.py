@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections import OrderedDict
 
 import pytest
 import torch
+from torch import nn
 
 from train import checkpoint as ckpt_io
 from train.config import TrainConfig
@@ -37,6 +40,21 @@ def tiny_data(tmp_path_factory) -> str:
             raise RuntimeError(f"tiny dataset has {clips} clips, the tests assume 40")
         _BUILT["tiny"] = path
     return _BUILT["tiny"]
+
+
+@pytest.fixture(scope="session")
+def tiny_tfrecord(tiny_data) -> str:
+    """The videos of ``tiny_data`` as a TFRecord conversion of raw clips (40 clips, which DALI's native reader
+    reads on its CPU backend too)."""
+    from convert.plan import ConvertConfig
+    from convert.synth import synthetic_conversions
+
+    if "tfrecord" not in _BUILT:
+        base = os.path.dirname(tiny_data)
+        _BUILT["tfrecord"] = synthetic_conversions(
+            base, {"tfrecord": ConvertConfig(backend="tfrecord", codec="raw", size=(40, 52), max_clips=2)},
+            per_class=4, seconds=2.0, seed=7, videos="videos/train", workers=2)["tfrecord"]
+    return _BUILT["tfrecord"]
 
 
 def common(data: str, out) -> list[str]:
@@ -73,3 +91,49 @@ def cpu_config(argv: list[str]) -> TrainConfig:
     from train.dist import DistInfo
 
     return resolve_config(build_parser().parse_args(argv), DistInfo(0, 1, 0, CPU, None))
+
+
+class _Sleep(torch.autograd.Function):
+    """The identity, slow both ways (as a layer of full-size C3D is on a CPU): ``seconds`` forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _SlowLayer(nn.Module):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        return _Sleep.apply(x, self.seconds)
+
+
+def slow_c3d(calls: list[float], seconds: float):
+    """A C3D class (for monkeypatching ``train.main.C3D``) with four slow identity layers of ``seconds`` each way:
+    no weights of their own, so its state dict is C3D's. ``calls`` gets the time of each forward."""
+    from train.model import C3D
+
+    class SlowC3D(C3D):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            layers = OrderedDict()
+            for name, layer in self.features.named_children():
+                layers[name] = layer
+                if name in ("conv1_relu", "conv2_relu", "conv3b_relu", "conv5b_relu"):
+                    layers[name.replace("_relu", "_slow")] = _SlowLayer(seconds)
+            self.features = nn.Sequential(layers)
+
+        def forward(self, x):
+            calls.append(time.monotonic())
+            return super().forward(x)
+
+    return SlowC3D

@@ -16,7 +16,7 @@ import os
 from loaders import default_threads
 
 from .config import TrainConfig
-from .data import DataShape, check_dataset, dataset_info, train_sampler
+from .data import DataShape, check_dataset, dataset_info, epoch_share
 from .dist import DistInfo
 from .errors import TrainError
 from .options import OneLineParser, add_options, settings
@@ -72,18 +72,14 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
     declared = settings(TrainConfig)
     for name in ("clips_per_video", "seed"):  # before the sampler below, which would say it less plainly
         declared[name].check(getattr(args, name))
-    try:
-        samples = len(train_sampler(shape.video_clips, epoch_mode=args.epoch_mode,
-                                    clips_per_video=args.clips_per_video, world_size=info.world_size, rank=info.rank,
-                                    seed=args.seed))
-    except ValueError as exc:  # the sampler's own checks (of the rank and world size...)
-        raise TrainError(f"--data {root}: {exc}") from exc
+    pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
+                               clips_per_video=args.clips_per_video, seed=args.seed, info=info)
     auto = args.batch_size == "auto"
     given.update(
         clip_len=clip_len, device=str(device), dist_backend=info.backend,
         amp=args.amp or ("off" if device.type != "cuda" else "bf16"),
         workers=default_workers(args.loader) if args.workers is None else args.workers,
-        batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, steps_per_epoch=None,
-        lr_plan=None)
+        batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, pad_last_batch=pad,
+        steps_per_epoch=None, lr_plan=None)
     pending = TrainConfig(**given)
     return pending if auto else pending.with_batch(args.batch_size)

@@ -3,27 +3,46 @@
 A checkpoint is one ``torch.save`` of plain containers and tensors (so it
 loads with ``weights_only=True``): model, optimizer, GradScaler and scheduler
 state, the global step and epoch, the sampler's position, every RNG state
-(Python, NumPy, torch CPU and CUDA), the class names and the run's
-``TrainConfig`` as a dict (``config``; ``saved_config`` reads it back). It is
-written to a temporary file in the same folder, flushed to disk and renamed,
-so a reader sees the old checkpoint or the new one, never a half-written file.
+(Python, NumPy, torch CPU and CUDA), the class names, what identifies the
+training data (``data``: its manifest's clip counts and shard checksums) and
+the run's ``TrainConfig`` as a dict (``config``; ``saved_config`` reads it
+back). It is written to a temporary file in the same folder, flushed to disk
+and renamed, so a reader sees the old checkpoint or the new one, never a
+half-written file.
+
+Every file ``save_atomic`` writes carries the SHA-256 of its content
+(``content_sha256``: every tensor's bytes, dtype and shape and every other
+value, in order); ``load`` recomputes it, so a flipped byte, which
+``torch.load`` would not notice, is a one-line error, and a file written
+before checkpoints had a checksum loads with a note that it was not checked.
+``resume_problem`` checks that the contents are a whole trainer checkpoint
+(every part there, counters integers, RNG states complete) before a resume
+uses any of it.
 
 Files in OUT: ``checkpoint_step<N>.pt`` for the last ``--keep-last`` saves,
 ``checkpoint.pt`` (the newest of them) and ``checkpoint_best.pt`` (the one
 with the best validation video top-1 so far). The last two are hard links to
 a step file (a copy where the filesystem has no hard links), so they cost no
 space or write time. ``--resume`` takes the newest step file that loads,
-falling back to an older one when the newest is damaged.
+passes its checksum and ``resume_problem``, falling back to an older one,
+with a one-line note, when the newest does not.
+
+Resuming compares the run's settings with the checkpoint's as each option
+declares (``on_resume``, ``train.options.RESUME_RULES``): ``check_settings``
+refuses the settings that decide the weights' shapes, and those that decide
+the data (with the data itself: ``data``) unless ``--force-resume``;
+``changed_settings`` lists the others that changed, which the run prints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,9 +50,10 @@ import torch
 
 from .config import TrainConfig
 from .errors import TrainError
-from .options import flag
+from .options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, on_resume, settings
 
 LATEST = "checkpoint.pt"
+CHECKSUM = "content_sha256"  # the key save_atomic adds: the SHA-256 of everything else in the file
 
 
 def rng_state() -> dict[str, Any]:
@@ -127,21 +147,42 @@ def save_checkpoint(obj: dict[str, Any], out: str, step: int, keep_last: int) ->
     return path
 
 
-def newest_complete(out: str, say: Callable[[str], None]) -> tuple[str, dict[str, Any]] | None:
-    """The newest checkpoint in ``out`` that loads, as (path, contents); None when there is none.
+def _candidates(out: str) -> list[str]:
+    """The checkpoints of ``out``, newest first: the step files, then ``checkpoint.pt`` unless it is a link to one
+    of them (runs saved before step files existed have it alone)."""
+    found = [p for _, p in reversed(step_files(out))]
+    latest = latest_path(out)
+    if os.path.isfile(latest) and not any(os.path.samefile(latest, p) for p in found):
+        found.append(latest)
+    return found
+
+
+def newest_complete(out: str, say: Callable[[str], None],
+                    check: Callable[[dict[str, Any], str], str | None] | None = None
+                    ) -> tuple[str, dict[str, Any]] | None:
+    """The newest checkpoint in ``out`` that loads and passes ``check``, as (path, contents); None when there is
+    none.
 
     Step files newest first, then ``checkpoint.pt`` (runs saved before step
-    files existed). One that cannot be read is skipped with a one-line note.
+    files existed). One that cannot be read, fails its checksum, or of which
+    ``check`` returns a problem (``resume_problem`` for ``--resume``: what
+    keeps it from being resumed) is skipped with a one-line note. A TrainError
+    that ``check`` raises is not about one file (other classes than this
+    run's): it stops the search.
     """
-    candidates = [p for _, p in reversed(step_files(out))]
-    if os.path.isfile(latest_path(out)):
-        candidates.append(latest_path(out))
+    candidates = _candidates(out)
     for k, path in enumerate(candidates):
         try:
-            return path, load(path)
+            ckpt = load(path, say=say)
         except TrainError as exc:
-            left = "trying the previous one" if k + 1 < len(candidates) else "no older checkpoint left"
-            say(f"note: {exc}; {left}")
+            problem = str(exc)
+        else:
+            found = None if check is None else check(ckpt, path)
+            if found is None:
+                return path, ckpt
+            problem = f"checkpoint {path} cannot be resumed: {found}"
+        left = "trying the previous one" if k + 1 < len(candidates) else "no older checkpoint left"
+        say(f"note: {problem}; {left}")
     if candidates:
         raise TrainError(f"--resume: no checkpoint in {out} can be read (see the notes above); pass --overwrite "
                          f"to start again")
@@ -157,14 +198,60 @@ def remove_run(out: str) -> list[str]:
     return names
 
 
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it on the CPU (what is hashed and saved, copied from a GPU once)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return type(obj)((k, _on_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Add ``obj`` to hash ``h``: its type, its size and its values, so that two contents hash alike only when
+    ``torch.load`` gives them back alike (a tensor's dtype, shape and bytes; every key and value in order)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        h.update(f"dict {len(obj)};".encode())
+        for key, value in obj.items():
+            _feed(h, key)
+            _feed(h, value)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{type(obj).__name__} {len(obj)};".encode())
+        for value in obj:
+            _feed(h, value)
+    elif isinstance(obj, (str, bytes)):
+        raw = obj.encode("utf-8", "surrogatepass") if isinstance(obj, str) else obj
+        h.update(f"{type(obj).__name__} {len(raw)};".encode())
+        h.update(raw)
+    elif isinstance(obj, float):
+        h.update(f"float {obj.hex()};".encode())
+    else:  # None, bool, int, and anything else weights_only loading gives back as it was saved
+        h.update(f"{type(obj).__qualname__} {obj!r};".encode())
+
+
+def content_digest(obj: Any) -> str:
+    """The SHA-256 (hex) of a checkpoint's content: every tensor's bytes, dtype and shape and every other value."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
 def save_atomic(obj: dict[str, Any], path: str) -> str:
-    """``torch.save`` to a temporary name beside ``path``, fsync, then rename over it."""
+    """``torch.save`` to a temporary name beside ``path``, fsync, then rename over it; the file holds ``obj``
+    (tensors on the CPU) and its ``content_digest`` under ``content_sha256``, which ``load`` checks."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    content = _on_cpu({k: v for k, v in obj.items() if k != CHECKSUM})
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            torch.save({**content, CHECKSUM: content_digest(content)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -195,16 +282,144 @@ def remove_stale_temps(out: str) -> list[str]:
     return stale
 
 
-def load(path: str) -> dict[str, Any]:
-    """A checkpoint as saved, tensors on the CPU; one-line error if it is missing or unreadable."""
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _read(path: str) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU; every failure one line naming the file."""
     if not os.path.isfile(path):
         raise TrainError(f"checkpoint {path} not found")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:  # holds more than tensors and plain containers
-        raise TrainError(f"checkpoint {path} holds objects weights_only loading refuses: {exc}") from exc
+        # torch's message is a paragraph on how to load the file anyway; only the name it refuses is kept.
+        named = _REFUSED_GLOBAL.search(str(exc))
+        what = f"the Python object {named.group(1)}" if named else "Python objects"
+        raise TrainError(f"checkpoint {path} holds {what}, which loading with weights_only=True refuses (a "
+                         f"checkpoint holds tensors and plain values only; a file that needs more may run code "
+                         f"when loaded)") from exc
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise TrainError(f"checkpoint {path} cannot be read: {exc}") from exc
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise TrainError(f"checkpoint {path} cannot be read: {first}") from exc
+
+
+def load(path: str, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """A checkpoint as saved (without its checksum), tensors on the CPU; one-line error if it is missing,
+    unreadable, not a dict or fails its checksum. A file without a checksum (a bare state dict, or saved before
+    checkpoints had one) loads, and ``say`` is told that its content was not checked."""
+    ckpt = _read(path)
+    if not isinstance(ckpt, dict):
+        raise TrainError(f"checkpoint {path} holds a {type(ckpt).__name__}, not a checkpoint's dict")
+    expected = ckpt.pop(CHECKSUM, None)
+    if expected is None:
+        if say is not None:
+            say(f"note: checkpoint {path} has no checksum (a bare state dict, or saved before checkpoints had "
+                f"one): its content is not checked")
+    elif expected != content_digest(ckpt):
+        raise TrainError(f"checkpoint {path} fails its checksum: its content changed after it was saved (a "
+                         f"damaged disk or copy)")
+    return ckpt
+
+
+def load_named(path: str, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``load`` for a checkpoint the user named (``--finetune``, ``train eval --checkpoint``): that file or a
+    one-line error, which names the newest intact checkpoint beside it when it is damaged (another file is
+    not taken in its place: it holds other weights than the ones asked for)."""
+    try:
+        return load(path, say=say)
+    except TrainError as exc:
+        if not os.path.isfile(path):
+            raise
+        folder = os.path.dirname(os.path.abspath(path))
+        others = [p for p in _candidates(folder) if not os.path.samefile(p, path)]
+        intact = next((p for p in others if _loads(p)), None)
+        hint = f"; {intact} beside it is intact" if intact else ""
+        raise TrainError(f"{exc}{hint}") from exc
+
+
+def _loads(path: str) -> bool:
+    """Whether ``path`` loads and passes its checksum."""
+    try:
+        load(path)
+    except TrainError:
+        return False
+    return True
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:40]}... ({type(value).__name__})" if len(text) > 40 else f"{text} ({type(value).__name__})"
+
+
+def _rng_problem(entry: Any) -> str | None:
+    """What keeps ``entry`` from being one process's ``rng_state()``, or None."""
+    if not isinstance(entry, dict):
+        return f"is {_shown(entry)}, not a dict of RNG states"
+    py, npst, cpu = entry.get("python"), entry.get("numpy"), entry.get("torch")
+    if not (isinstance(py, dict) and _integer(py.get("version")) and isinstance(py.get("state"), torch.Tensor)
+            and py["state"].numel() == 625 and isinstance(py.get("gauss"), (float, type(None)))):
+        return "has no complete Python RNG state"
+    if not (isinstance(npst, dict) and isinstance(npst.get("name"), str) and isinstance(npst.get("keys"), torch.Tensor)
+            and npst["keys"].numel() == 624 and _integer(npst.get("pos")) and _integer(npst.get("has_gauss"))
+            and isinstance(npst.get("gauss"), float)):
+        return "has no complete NumPy RNG state"
+    if not (isinstance(cpu, torch.Tensor) and cpu.dtype == torch.uint8):
+        return "has no torch RNG state"
+    if "cuda" in entry and not (isinstance(entry["cuda"], (list, tuple))
+                                and all(isinstance(t, torch.Tensor) for t in entry["cuda"])):
+        return "has a CUDA RNG state that is not a list of tensors"
+    return None
+
+
+def resume_problem(ckpt: Mapping[str, Any]) -> str | None:
+    """What keeps checkpoint contents ``ckpt`` from being resumed ("'sampler' is missing"), or None.
+
+    The parts a resume loads must all be there with their types: the state
+    dicts, the integer counters, the sampler's position and one complete RNG
+    state per process. The config is read (and refused in its own words) by
+    ``saved_config``.
+    """
+    for key in ("model", "optimizer", "scaler", "scheduler", "step", "epoch", "epoch_step", "sampler", "rng"):
+        if key not in ckpt:
+            return f"'{key}' is missing"
+    model = ckpt["model"]
+    if not isinstance(model, dict) or not model or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        return "'model' is not a state dict of tensors"
+    for key in ("optimizer", "scaler", "scheduler"):
+        if not isinstance(ckpt[key], dict):
+            return f"'{key}' is {_shown(ckpt[key])}, not a state dict"
+    opt = ckpt["optimizer"]
+    if not isinstance(opt.get("state"), dict) or not isinstance(opt.get("param_groups"), list):
+        return "'optimizer' has no 'state' and 'param_groups'"
+    for key in ("step", "epoch", "epoch_step", "nonfinite"):
+        if (key in ckpt or key != "nonfinite") and not _integer(ckpt[key]):
+            return f"'{key}' is {_shown(ckpt[key])}, not an integer >= 0"
+    sampler = ckpt["sampler"]
+    if not isinstance(sampler, dict) or not all(_integer(sampler.get(k)) for k in ("epoch", "position")):
+        return f"'sampler' is {_shown(sampler)}, not a sampler state with an epoch and a position"
+    rng = ckpt["rng"]
+    if not isinstance(rng, list) or not rng:
+        return f"'rng' is {_shown(rng)}, not a list of every process's RNG states"
+    world = ckpt["config"].get("world_size") if isinstance(ckpt.get("config"), dict) else None
+    if _integer(world) and len(rng) != world:
+        return f"'rng' holds {len(rng)} RNG state(s) for a run of {world} process(es)"
+    for rank, entry in enumerate(rng):
+        problem = _rng_problem(entry)
+        if problem is not None:
+            return f"'rng' of process {rank} {problem}"
+    best = ckpt.get("best")
+    if best is not None and not (isinstance(best, dict) and _integer(best.get("since"))
+                                 and isinstance(best.get("best"), (float, int, type(None)))
+                                 and (best.get("best_step") is None or _integer(best.get("best_step")))):
+        return f"'best' is {_shown(best)}, not the best-checkpoint tracker's state"
+    classes = ckpt.get("classes")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        return f"'classes' is {_shown(classes)}, not a list of names"
+    return None
 
 
 def model_state(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -217,15 +432,18 @@ def model_state(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 CLASSES_HINT = ("convert every split with one class list: python -m convert SRC OUT --classes FILE "
                 "(one class name per line)")
-# Settings that decide the shapes of the model's weights or of the optimizer's
-# state: a checkpoint saved with other values cannot be loaded into this run.
-SHAPE_SETTINGS = ("model_width", "bn", "crop_size", "downsample", "clip_len", "optimizer")
+# Settings that decide the shapes of the model's weights or of the optimizer's state (a checkpoint saved with
+# other values cannot be loaded into this run), and those that decide which clips an epoch holds in which
+# order (the saved position means nothing in another order): declared with the options (on_resume).
+SHAPE_SETTINGS = on_resume(TrainConfig, RESUME_SHAPE)
+ORDER_SETTINGS = on_resume(TrainConfig, RESUME_DATA)
 
 
 def check_classes(ckpt: dict[str, Any], classes: list[str], path: str) -> None:
-    """A resumed run must train on the classes the checkpoint was trained on, in the same order."""
+    """A resumed run must train on the classes the checkpoint was trained on, in the same order (one that holds
+    no list of names is not compared: ``resume_problem`` names that)."""
     saved = ckpt.get("classes")
-    if saved is None:
+    if not isinstance(saved, list) or not all(isinstance(c, str) for c in saved):
         return
     if len(saved) != len(classes):
         raise TrainError(f"checkpoint {path} was trained on {len(saved)} classes, --data has {len(classes)} "
@@ -250,12 +468,53 @@ def saved_config(ckpt: dict[str, Any], path: str) -> TrainConfig:
         raise TrainError(f"checkpoint {path}: {exc}") from exc
 
 
-def check_settings(ckpt: dict[str, Any], cfg: TrainConfig, path: str) -> TrainConfig:
-    """The checkpoint's config; one-line error naming every shape-deciding setting that differs from ``cfg``."""
+def describe_data(identity: Mapping[str, Any]) -> str:
+    """A data identity (``train.data.data_identity``) in words: "40 clips of 20 videos in 1 shard(s), ..."."""
+    return (f"{identity.get('clips')} clips of {identity.get('videos')} videos in {identity.get('shards')} "
+            f"shard(s), shards' sha256 {str(identity.get('sha256'))[:12]}")
+
+
+def check_settings(ckpt: dict[str, Any], cfg: TrainConfig, path: str, *,
+                   data: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The checkpoint's config, when ``cfg`` may resume it; otherwise a one-line error naming what differs.
+
+    Refused: every setting that decides a shape (no override: the weights
+    would not fit); unless ``--force-resume``, every setting that decides the
+    epoch's clips and order, and training data (``data``, this run's
+    ``train.data.data_identity``) other than the checkpoint's ``data``. A
+    checkpoint written before it recorded its data is not compared (``data``
+    absent).
+    """
     saved = saved_config(ckpt, path)
-    differ = [f"{flag(k)} {getattr(saved, k)} (this run: {getattr(cfg, k)})" for k in SHAPE_SETTINGS
-              if getattr(saved, k) != getattr(cfg, k)]
-    if differ:
-        raise TrainError(f"checkpoint {path} was saved with " + ", ".join(differ)
+
+    def differ(names: tuple[str, ...]) -> list[str]:
+        return [f"{flag(k)} {getattr(saved, k)} (this run: {getattr(cfg, k)})" for k in names
+                if getattr(saved, k) != getattr(cfg, k)]
+
+    shapes = differ(SHAPE_SETTINGS)
+    if shapes:
+        raise TrainError(f"checkpoint {path} was saved with " + ", ".join(shapes)
                          + ": pass the checkpoint's values to resume, or another --out to start a new run")
+    if cfg.force_resume:
+        return saved
+    problems = []
+    orders = differ(ORDER_SETTINGS)
+    if orders:
+        problems.append("was saved with " + ", ".join(orders) + ", which decide the clips of an epoch and their "
+                        "order (where its position points)")
+    before = ckpt.get("data")
+    if data is not None and isinstance(before, Mapping) and dict(before) != dict(data):
+        problems.append(f"was trained on other data than --data {cfg.data} ({describe_data(before)}; --data: "
+                        f"{describe_data(data)})")
+    if problems:
+        raise TrainError(f"checkpoint {path} " + "; it ".join(problems) + ": pass the checkpoint's values and "
+                         "data, --force-resume to go on anyway, or another --out to start a new run")
     return saved
+
+
+def changed_settings(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
+    """``"--lr 0.001 -> 0.002"`` for each setting a resume prints when it changed since the checkpoint (declared
+    ``on_resume`` SAY, and the data-deciding ones ``--force-resume`` let through), in declaration order."""
+    shown = set(on_resume(TrainConfig, RESUME_SAY)) | set(ORDER_SETTINGS)
+    return [f"{flag(name)} {getattr(saved, name)} -> {getattr(cfg, name)}" for name in settings(TrainConfig)
+            if name in shown and getattr(saved, name) != getattr(cfg, name)]

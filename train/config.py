@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
+from loaders.dali.sharding import epoch_steps
 from loaders.sampler import ORDERS
 
 from .errors import TrainError
-from .options import added_later, check_settings, derived, option
+from .options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
 from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
@@ -49,6 +50,9 @@ BACKENDS = ("nccl", "gloo")
 
 # The argument groups of python -m train --help.
 DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
+# How --resume compares a setting with the checkpoint's (train.options.RESUME_RULES), by short names: SHAPE
+# decides the weights' shapes, ORDER which clips an epoch holds in which order, FREE is not compared.
+SHAPE, ORDER, FREE = RESUME_SHAPE, RESUME_DATA, RESUME_FREE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,14 +64,17 @@ class TrainConfig:
     defaults filled in (``device``, ``amp``, ``workers``, ``clip_len``,
     ``dist_backend``; ``loader`` without its old alias), plus what the run
     derives: ``world_size`` (processes), ``epoch_samples`` (clips each rank
-    trains on per epoch), ``steps_per_epoch``, ``eval_batch_size`` and
-    ``lr_plan`` (peak lr, warm-up, and why). ``auto_batch`` records
+    trains on per epoch), ``pad_last_batch`` (the loader pads an epoch's last
+    batch rather than dropping it), ``steps_per_epoch``, ``eval_batch_size``
+    and ``lr_plan`` (peak lr, warm-up, and why). ``auto_batch`` records
     ``--batch-size auto``; until ``with_batch`` gives its answer,
     ``batch_size``, ``steps_per_epoch`` and ``lr_plan`` are None together
     (and ``eval_batch_size`` None unless given).
     """
 
     # -- data -------------------------------------------------------------------
+    # on_resume: SHAPE and ORDER settings must match the checkpoint's, FREE ones are not compared, the others
+    # are printed when they changed (train.options.RESUME_RULES).
     data: str = option(DATA, "training conversion (folder with manifest.json)", metavar="OUT", required=True)
     val_data: str | None = option(DATA, "validation conversion (default: no evaluation)", metavar="OUT")
     loader: str = option(
@@ -78,46 +85,48 @@ class TrainConfig:
     workers: int = option(
         DATA, "reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
               "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
-              "at most 8)", ge=0)
+              "at most 8)", ge=0, on_resume=FREE)
     verify_data: bool = option(
         DATA, "check every clip's CRC-32 as it is read: a damaged payload stops the run naming its shard "
               "and clip (without it, a flipped byte is trained on silently). Costs a few per cent of the "
               "loader's speed (docs/benchmarks.md); python -m convert verify DATA checks whole shards once",
-        default=False)
-    crop_size: int = option(DATA, "square crop fed to the model (default 112)", default=112, ge=1)
-    clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1)
+        default=False, on_resume=FREE)
+    crop_size: int = option(DATA, "square crop fed to the model (default 112)", default=112, ge=1, on_resume=SHAPE)
+    clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1, on_resume=SHAPE)
     downsample: int = option(
         DATA, "average-pool the crop spatially by this factor on the device (default 1: off; the "
-              "CPU demo crops 128 and feeds 64x64)", default=1, ge=1)
+              "CPU demo crops 128 and feeds 64x64)", default=1, ge=1, on_resume=SHAPE)
     colour_permutation: bool = option(
         DATA, "randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
               "the crops); for data where colour is a nuisance, such as the synthetic demo", default=False)
     epoch_mode: str = option(
         DATA, "clips: an epoch is every stored clip once (default); videos: an epoch is every video "
               "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
-              "usual Kinetics regime; --loader threads or processes)", default="clips", choices=EPOCH_MODES)
-    clips_per_video: int = option(DATA, "with --epoch-mode videos (default 1)", default=1, ge=1)
+              "usual Kinetics regime; --loader threads or processes)", default="clips", choices=EPOCH_MODES,
+        on_resume=ORDER)
+    clips_per_video: int = option(DATA, "with --epoch-mode videos (default 1)", default=1, ge=1, on_resume=ORDER)
     order: str = option(
         DATA, "random: each epoch a fresh random order (default); blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
               "and the clips of each --order-window blocks shuffled together, so that the kernel's "
               "read-ahead brings in clips read next (docs/reading.md: shards larger than memory)",
-        default="random", choices=ORDERS, added_later="random")
+        default="random", choices=ORDERS, added_later="random", on_resume=ORDER)
     order_block: int = option(DATA, "with --order blocks: clips per block (default 64)", default=64, ge=1,
-                              added_later=64)
+                              added_later=64, on_resume=ORDER)
     order_window: int = option(
         DATA, "with --order blocks: blocks shuffled together (default 16; window x block clips "
-              "should fit in the page cache)", default=16, ge=1, added_later=16)
+              "should fit in the page cache)", default=16, ge=1, added_later=16, on_resume=ORDER)
     no_flip: bool = option(DATA, "no random horizontal flip in training", default=False)
     # -- model ------------------------------------------------------------------
     model_width: float = option(
-        MODEL, "multiplier on conv channels and fc width (default 1.0: the paper's C3D)", default=1.0, gt=0.0)
-    bn: bool = option(MODEL, "BatchNorm3d after every convolution (off in the paper)", default=False)
+        MODEL, "multiplier on conv channels and fc width (default 1.0: the paper's C3D)", default=1.0, gt=0.0,
+        on_resume=SHAPE)
+    bn: bool = option(MODEL, "BatchNorm3d after every convolution (off in the paper)", default=False, on_resume=SHAPE)
     sync_bn: bool = option(MODEL, "with --bn under torchrun: batch statistics over all ranks", default=False)
     dropout: float = option(MODEL, "dropout after fc6 and fc7 (default 0.5)", default=0.5, ge=0.0, lt=1.0)
     finetune: str | None = option(
         MODEL, "start from these weights; the classifier is re-initialised when the class count differs",
-        metavar="CKPT")
+        metavar="CKPT", on_resume=FREE)
     compile: bool = option(MODEL, "torch.compile the model (slower start, faster steps)", default=False)
     channels_last: bool = option(
         MODEL, "channels_last_3d weights and inputs (CUDA only; usually faster convolutions with AMP)", default=False)
@@ -125,7 +134,7 @@ class TrainConfig:
     epochs: int = option(OPTIM, "epochs (default 16, as in the paper); sets the schedule", default=16, ge=1)
     max_steps: int | None = option(
         OPTIM, "stop after this many optimizer steps in total, with a checkpoint (the schedule is "
-               "unchanged, so a resumed run continues exactly)", ge=1)
+               "unchanged, so a resumed run continues exactly)", ge=1, on_resume=FREE)
     batch_size: int | None = option(
         OPTIM, "clips per optimizer step per process (default 30, the paper's batch), split into "
                "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom",
@@ -133,17 +142,18 @@ class TrainConfig:
     auto_batch: bool = derived()
     auto_headroom: float = option(
         OPTIM, "with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)",
-        default=0.85, gt=0.0, le=1.0)
+        default=0.85, gt=0.0, le=1.0, on_resume=FREE)
     eval_protocol: str = option(
         OPTIM, "clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
                "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)",
         default="clips", choices=PROTOCOLS)
     eval_clips: int = option(OPTIM, "clips per video with --eval-protocol 10x3 (default 10; all when a video has "
                                     "fewer)", default=10, ge=1)
-    eval_batch_size: int | None = option(OPTIM, "clips per evaluation batch (default: --batch-size)", ge=1)
+    eval_batch_size: int | None = option(OPTIM, "clips per evaluation batch (default: --batch-size)", ge=1,
+                                         on_resume=FREE)
     accum_steps: int = option(
         OPTIM, "micro-batches per optimizer step; gradients all-reduce on the last one only", default=1, ge=1)
-    optimizer: str = option(OPTIM, "default sgd (the paper)", default="sgd", choices=OPTIMIZERS)
+    optimizer: str = option(OPTIM, "default sgd (the paper)", default="sgd", choices=OPTIMIZERS, on_resume=SHAPE)
     lr: float = option(
         OPTIM, "learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
                "the paper's); scaled to batch x processes by --lr-scaling", default=0.003, ge=0.0)
@@ -178,51 +188,67 @@ class TrainConfig:
         default=2000, ge=1)
     # -- run --------------------------------------------------------------------
     out: str = option(RUN, "folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)",
-                      default="runs/c3d")
+                      default="runs/c3d", on_resume=FREE)
     overwrite: bool = option(
         RUN, "train from scratch into an --out that already holds a run (without it, that is refused "
-             "unless --resume)", default=False)
+             "unless --resume)", default=False, on_resume=FREE)
     resume: bool = option(
         RUN, "continue from the newest checkpoint in OUT that loads (same data order, RNG and "
-             "schedule); starts fresh when there is none, so a restart script can always pass it", default=False)
-    seed: int = option(RUN, "data order, augmentation, init and dropout (default 0)", default=0, ge=0)
+             "schedule); starts fresh when there is none, so a restart script can always pass it. Settings "
+             "that decide the weights' shapes or the data must be the checkpoint's; others that changed are "
+             "printed", default=False, on_resume=FREE)
+    force_resume: bool = option(
+        RUN, "with --resume: continue although --data is not the conversion the checkpoint was trained on, or "
+             "--seed, --epoch-mode, --clips-per-video or --order* differ from its (the epoch in progress goes "
+             "on at its position in the new order)", default=False, added_later=False, on_resume=FREE)
+    seed: int = option(RUN, "data order, augmentation, init and dropout (default 0)", default=0, ge=0,
+                       on_resume=ORDER)
     device: str = option(RUN, "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda", default="auto")
     dist_backend: str | None = option(
-        RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=BACKENDS)
+        RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=BACKENDS,
+        on_resume=FREE)
     ddp_bucket_mb: float = option(
         RUN, "DDP gradient bucket size (default 25, PyTorch's: C3D's ~320 MB of fp32 gradients make "
              "~13 buckets, whose all-reduces overlap the backward pass; larger buckets mean fewer, "
-             "later launches)", default=25.0, gt=0.0)
+             "later launches)", default=25.0, gt=0.0, on_resume=FREE)
     grad_as_bucket_view: bool = option(
         RUN, "gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
-             "~320 MB for C3D, and a memcpy per step)", default=True)
+             "~320 MB for C3D, and a memcpy per step)", default=True, on_resume=FREE)
     ckpt_every: int = option(
         RUN, "also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
-             "SIGTERM/SIGUSR1 only)", default=0, ge=0)
+             "SIGTERM/SIGINT/SIGUSR1 only)", default=0, ge=0, on_resume=FREE)
     keep_last: int = option(
         RUN, "checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
-             "checkpoint_best.pt the best by validation video top-1", default=3, ge=1)
+             "checkpoint_best.pt the best by validation video top-1", default=3, ge=1, on_resume=FREE)
     early_stop: int | None = option(
         RUN, "stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
              "--val-data)", ge=1, metavar="PATIENCE")
     eval_every: int = option(RUN, "evaluate every N epochs (default 1; 0 = only at the end); needs --val-data",
                              default=1, ge=0)
-    log_every: int = option(RUN, "optimizer steps per metrics.jsonl line (default 10)", default=10, ge=1)
-    no_progress: bool = option(RUN, "no tqdm progress bar", default=False)
-    no_tensorboard: bool = option(RUN, "do not write TensorBoard events even if installed", default=False)
+    log_every: int = option(RUN, "optimizer steps per metrics.jsonl line (default 10)", default=10, ge=1,
+                            on_resume=FREE)
+    no_progress: bool = option(RUN, "no tqdm progress bar on a terminal, no progress line every minute elsewhere",
+                               default=False, on_resume=FREE)
+    no_tensorboard: bool = option(RUN, "do not write TensorBoard events even if installed", default=False,
+                                  on_resume=FREE)
     threads: int | None = option(
         RUN, "CPU threads for this process's math (default: PyTorch's choice; torchrun sets 1 per "
-             "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other", ge=1)
+             "process). One thread is steadier on a busy machine, where OpenMP threads wait on each other", ge=1,
+        on_resume=FREE)
     profile: int = option(
         RUN, "record a torch.profiler trace of STEPS training steps (after 2 warm-up steps) in "
              "OUT/profile/ (TensorBoard's profiler plugin reads it); default 0: off",
-        default=0, ge=0, metavar="STEPS")
+        default=0, ge=0, metavar="STEPS", on_resume=FREE)
     deterministic: bool = option(
-        RUN, "torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)", default=False)
+        RUN, "torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)", default=False,
+        on_resume=FREE)
     # -- derived by the run -----------------------------------------------------
     world_size: int = derived(ge=1)
     epoch_samples: int = derived(ge=0)
     steps_per_epoch: int | None = derived(ge=1)
+    # The training loader pads each rank's last batch of an epoch instead of dropping it (DALI's native
+    # TFRecord reader, pad_last_batch); epoch_samples is then its largest shard.
+    pad_last_batch: bool = derived(added_later=False)
     lr_plan: LrPlan | None = derived()  # noqa: RUF009 - a declaration (train.options), not a shared default
 
     def __post_init__(self) -> None:
@@ -259,9 +285,10 @@ class TrainConfig:
                 raise TrainError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
                                  f"{self.accum_steps} (--batch-size is the per-process batch of one optimizer "
                                  f"step, split into equal micro-batches)")
-            if self.steps_per_epoch != self.epoch_samples // self.batch_size:
+            if self.steps_per_epoch != self.epoch_steps(self.batch_size):
+                how = "padded to whole batches of" if self.pad_last_batch else "//"
                 raise TrainError(f"steps_per_epoch {self.steps_per_epoch} is not epoch_samples "
-                                 f"{self.epoch_samples} // batch_size {self.batch_size}")
+                                 f"{self.epoch_samples} {how} batch_size {self.batch_size}")
             if not isinstance(self.lr_plan, LrPlan):
                 raise TrainError(f"lr_plan must be an LrPlan, got {type(self.lr_plan).__name__}")
 
@@ -276,7 +303,7 @@ class TrainConfig:
             raise TrainError(f"the batch is resolved already ({self.batch_size}); with_batch is the one late step")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise TrainError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
-        steps = self.epoch_samples // batch_size
+        steps = self.epoch_steps(batch_size)
         if steps < 1:
             unit = "clips" if self.epoch_mode == "clips" else f"clips ({self.clips_per_video} per video)"
             raise TrainError(f"--data {self.data}: an epoch gives each of the {self.world_size} process(es) "
@@ -287,6 +314,11 @@ class TrainConfig:
                        schedule=self.schedule, step_epochs=self.lr_step_epochs)
         return dataclasses.replace(self, batch_size=batch_size, steps_per_epoch=steps, lr_plan=plan,
                                    eval_batch_size=self.eval_batch_size or batch_size)
+
+    def epoch_steps(self, batch_size: int) -> int:
+        """Optimizer steps of an epoch at ``batch_size``: the count the training loaders give too
+        (``loaders.dali.sharding.epoch_steps``, the partial last batch dropped or, ``pad_last_batch``, padded)."""
+        return epoch_steps(self.epoch_samples, batch_size, pad_last_batch=self.pad_last_batch)
 
     # -- derived views ----------------------------------------------------------
     @property

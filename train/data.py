@@ -9,8 +9,9 @@ of the clips by rank, so gathered results hold each clip exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,8 @@ from loaders import (
     loader_meter,
     open_clips,
 )
+from loaders.dali import route_for  # imports no DALI (loaders.dali.missing says whether it is usable)
+from loaders.dali.sharding import epoch_steps, shard_sizes
 from loaders.sampler import VideoEpochSampler
 
 from .dist import DistInfo
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "dataset_info", "train_sampler"]
+           "data_identity", "dataset_info", "epoch_share", "train_sampler"]
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -59,7 +62,8 @@ class DataShape:
     ``frame`` is (H, W) when every clip has that size, or None when frames keep
     their aspect ratio (``--short-side`` conversions); ``short_side`` is then the
     short side every frame has. ``video_clips``: the stored clips of each video,
-    in the reader's order (what the training sampler deals out).
+    in the reader's order (what the training sampler deals out); ``identity``:
+    what identifies the conversion (``data_identity``).
     """
 
     classes: list[str]
@@ -67,6 +71,18 @@ class DataShape:
     frame: tuple[int, int] | None
     short_side: int | None
     video_clips: tuple[int, ...] = ()
+    identity: Mapping[str, Any] = field(default_factory=dict)
+
+
+def data_identity(manifest: Any) -> dict[str, Any]:
+    """What identifies a conversion's clips, in whatever folder it lies: its totals and the SHA-256 of its
+    shards' SHA-256s in the manifest's order. A checkpoint records it and a resume compares it
+    (``train.checkpoint.check_settings``): the same class names do not make the same data."""
+    h = hashlib.sha256()
+    for shard in manifest.shards:
+        h.update(f"{shard.sha256};".encode())
+    return {"clips": int(manifest.totals.clips), "videos": int(manifest.totals.videos),
+            "shards": len(manifest.shards), "sha256": h.hexdigest()}
 
 
 def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
@@ -102,7 +118,7 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
         where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
         raise TrainError(f"{flag} {root}: --crop-size {crop_size} does not fit {where}")
     return DataShape(list(store.classes), clip_len, frame, int(short) if short else None,
-                     tuple(int(n) for n in store.video_clips))
+                     tuple(int(n) for n in store.video_clips), data_identity(manifest))
 
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,
@@ -123,6 +139,28 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
     return DistributedClipSampler(int(sum(video_clips)), **kw)
+
+
+def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, clips_per_video: int, seed: int,
+                info: DistInfo) -> tuple[bool, int]:
+    """(whether the training loader pads an epoch's last batch, the samples of this rank's epoch it counts).
+
+    What ``TrainConfig.epoch_steps`` counts the steps of, as the loader
+    ``build_train_data`` makes for ``loader`` counts them: DALI's native
+    TFRecord reader (``loaders.dali.route_for``) pads every rank's shard to
+    the largest, in whole batches (``loaders.dali.sharding``); the samplers'
+    loaders (threads, processes, DALI's source route) drop the partial share
+    and the partial last batch (``train_sampler``).
+    """
+    if loader == "dali" and epoch_mode == "clips":
+        if route_for(root) == "native":
+            return True, max(shard_sizes(int(sum(shape.video_clips)), info.world_size))
+    try:
+        sampler = train_sampler(shape.video_clips, epoch_mode=epoch_mode, clips_per_video=clips_per_video,
+                                world_size=info.world_size, rank=info.rank, seed=seed)
+    except ValueError as exc:  # the sampler's own checks (of the rank and world size...)
+        raise TrainError(f"--data {root}: {exc}") from exc
+    return False, len(sampler)
 
 
 class RankSplit(Sampler):
@@ -160,6 +198,9 @@ class TrainData:
     steps_per_epoch: int
     extra: dict = field(default_factory=dict)
     meter: Any = None  # loaders.loader_meter(loader), made on first use
+    # state_dict(consumed) may be behind what the loader has read (a step abandoned for a signal is read again
+    # on resume); DALI's native reader saves only where its pipeline stands.
+    rewinds: bool = True
 
     def loader_stats(self) -> dict:
         """The loader's own clips/s and queue depth since the last call (``loaders.loader_meter``)."""
@@ -268,7 +309,7 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data)
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
-                             int(loader.steps_per_epoch))
+                             int(loader.steps_per_epoch), rewinds=route_for(root) != "native")
         ds = _dataset(root, True, preset, cfg)
         sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
                                 world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
@@ -276,7 +317,8 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
                                 block=cfg.order_block, window=cfg.order_window)
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
                               pin_memory=info.device.type == "cuda", **_readers(cfg))
-        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch, len(sampler) // batch)
+        return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,
+                         epoch_steps(len(sampler), batch, pad_last_batch=False))
 
 
 def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--val-data") -> EvalData:

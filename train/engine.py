@@ -7,7 +7,7 @@ import itertools
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -19,9 +19,11 @@ from loaders import to_model_input
 from loaders.keyed import keyed_uniform
 
 from . import dist
+from .checkpoint import rng_state, set_rng_state
 from .data import EvalData, TrainData
 from .errors import TrainError
 from .gpustats import GpuStats, format_gpu
+from .heartbeat import Heartbeat
 from .metrics import EvalAccumulator, MetricsLog, merge_eval, peak_memory_mb
 
 if TYPE_CHECKING:
@@ -71,13 +73,72 @@ class BestTracker:
 
 
 class StopRequest:
-    """Set by a signal handler (SIGTERM/SIGUSR1: preemption); the loop stops at the next step boundary."""
+    """Set by a signal handler (SIGTERM/SIGINT/SIGUSR1: preemption, Ctrl-C); the loop stops at the next step
+    boundary, or sooner where ``stop_checks`` are in place (see there)."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
 
     def handler(self, signum: int, frame: Any) -> None:
         self.signal = signal.Signals(signum).name
+
+
+class Interrupted(Exception):
+    """A stop signal (``signal``, its name) cut a training step or an evaluation short; nothing of it is kept."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"stopped by {signal_name}")
+        self.signal = signal_name
+
+
+@contextlib.contextmanager
+def stop_checks(model: nn.Module, stop: StopRequest | None, *, backward: bool = True) -> Iterator[None]:
+    """While in the block, ``Interrupted`` is raised as soon as ``stop`` is set: before the forward of each of
+    ``model``'s modules and, with ``backward``, as each parameter's gradient is computed.
+
+    Why: Python runs a signal handler only when the main thread executes
+    Python code, and a step of full-size C3D on a CPU is minutes spent in
+    torch's C++ (a backward pass is one call). The hooks are Python code
+    between layers, forward and backward (on the CPU autograd runs them in
+    the calling thread), so the handler runs and the step ends within one
+    layer's computation. Raised from these hooks only, never from the handler,
+    so nothing outside the model's computation is cut short.
+    """
+    if stop is None:
+        yield
+        return
+
+    def check(*_: Any) -> None:
+        if stop.signal is not None:
+            raise Interrupted(stop.signal)
+
+    def on_grad(grad: torch.Tensor) -> None:
+        check()
+
+    handles = [m.register_forward_pre_hook(check) for m in model.modules()]
+    if backward:
+        handles += [p.register_hook(on_grad) for p in model.parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class StepStart:
+    """What a step changes before its update, taken as the step starts so that an abandoned step leaves no
+    trace: every RNG stream (dropout draws from them) and the model's buffers (BatchNorm's running statistics,
+    which each micro-batch's forward updates)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.rng = rng_state()
+        self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for buffer, saved in self.buffers:
+            buffer.copy_(saved)
+        set_rng_state(self.rng)
 
 
 @dataclass
@@ -99,16 +160,22 @@ class StepConfig:
     stop: StopRequest | None = None
     gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
     profiler: Any = None  # profiling.StepProfiler: told of each step
+    # A stop signal abandons the step in progress (stop_checks) instead of waiting for its end: one process
+    # only, uncompiled (under torchrun every rank must stop at the same step, which they agree on at its end).
+    stop_within_step: bool = False
+    heartbeat: Heartbeat | None = None  # a progress line now and then where no progress bar is shown
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, main: bool = True, progress: bool = False,
-                    stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None) -> StepConfig:
+                    stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None,
+                    heartbeat: Heartbeat | None = None) -> StepConfig:
         """The step settings of a run's ``TrainConfig`` (resolved in this process), with this process's helpers."""
         return cls(device=torch.device(cfg.device), amp_dtype=cfg.amp_dtype, accum_steps=cfg.accum_steps,
                    channels_last=cfg.channels_last, downsample=cfg.downsample,
                    colour_perm_seed=cfg.seed if cfg.colour_permutation else None, clip_grad_norm=cfg.clip_grad_norm,
                    max_steps=cfg.max_steps, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=progress,
-                   main=main, stop=stop, gpu=gpu, profiler=profiler)
+                   main=main, stop=stop, gpu=gpu, profiler=profiler,
+                   stop_within_step=cfg.world_size == 1 and not cfg.compile, heartbeat=heartbeat)
 
 
 def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
@@ -153,6 +220,13 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
     wrapper inside it or None. A batch is one optimizer step for this rank; it
     is split into ``accum_steps`` micro-batches and only the last backward
     all-reduces, the others run under ``ddp.no_sync()``.
+
+    A stop signal ends the epoch after the step in progress; with
+    ``cfg.stop_within_step`` (one process) and a loader that can save behind
+    what it has read (``data.rewinds``) it abandons that step within a layer
+    (``stop_checks``): the RNG and the model's buffers go back to the step's
+    start (``StepStart``), and the checkpoint is the previous step's, which a
+    resume continues from exactly as if the step had never begun.
     """
     model.train()
     device = cfg.device
@@ -167,66 +241,91 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
     window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
     it = iter(data)
     stop = None
-    for _ in range(remaining):
-        t0 = time.perf_counter()
-        try:
-            with torch.profiler.record_function("loader_wait"):
-                batch = next(it)
-        except StopIteration:  # a reader with fewer batches than announced: end the epoch here
-            break
-        window["wait"] += time.perf_counter() - t0
-        clips, labels = batch["clip"], batch["label"]
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), device=device)
-        chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
-                          batch["index"].chunk(cfg.accum_steps)))
-        for j, (xc, yc, ic) in enumerate(chunks):
-            last = j == len(chunks) - 1
-            sync = contextlib.nullcontext() if (ddp is None or last) else ddp.no_sync()
-            with sync:
-                x = model_input(xc, data.mean, data.std, device, cfg.channels_last, cfg.downsample)
-                if cfg.colour_perm_seed is not None:
-                    x = colour_permutation(x, ic, state.epoch, cfg.colour_perm_seed)
-                y = yc.to(device, non_blocking=True)
-                with _autocast(device, cfg.amp_dtype):
-                    out = model(x)
-                # Loss in float32 and divided by the micro-batch count, so the
-                # accumulated gradient is the mean over the whole batch.
-                loss = criterion(out.float(), y) / len(chunks)
-                scaler.scale(loss).backward()
-            step_loss += loss.detach()
-        finite, stop = _step_flags(step_loss, scaler, state, cfg)
-        if finite:
-            loss_acc += step_loss
-            window["finite"] += 1
-        if cfg.clip_grad_norm:
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        state.step += 1
-        state.epoch_step += 1
-        window["steps"] += 1
-        if bar is not None:
-            bar.update(1)
-        if cfg.profiler is not None:
-            cfg.profiler.step()
-        at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
-            _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
-            loss_acc.zero_()
-            window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
-        if at_max or stop:
-            save(state)
-            break
-        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-            save(state)
+    within = cfg.stop is not None and cfg.stop_within_step and data.rewinds
+    checks = stop_checks(model, cfg.stop) if within else contextlib.nullcontext()
+    with checks:
+        for _ in range(remaining):
+            start = StepStart(model) if within else None
+            t0 = time.perf_counter()
+            try:
+                with torch.profiler.record_function("loader_wait"):
+                    batch = next(it)
+            except StopIteration:  # a reader with fewer batches than announced: end the epoch here
+                break
+            window["wait"] += time.perf_counter() - t0
+            optimizer.zero_grad(set_to_none=True)
+            try:
+                step_loss = _forward_backward(model, ddp, criterion, scaler, batch, data, state, cfg)
+            except Interrupted as exc:
+                if start is not None:
+                    start.restore()
+                optimizer.zero_grad(set_to_none=True)
+                stop = exc.signal
+                if window["steps"]:
+                    _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
+                save(state)  # the previous step's checkpoint: the abandoned one is redone on resume
+                break
+            finite, stop = _step_flags(step_loss, scaler, state, cfg)
+            if finite:
+                loss_acc += step_loss
+                window["finite"] += 1
+            if cfg.clip_grad_norm:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            state.step += 1
+            state.epoch_step += 1
+            window["steps"] += 1
+            if bar is not None:
+                bar.update(1)
+            if cfg.profiler is not None:
+                cfg.profiler.step()
+            if cfg.heartbeat is not None:
+                cfg.heartbeat.at_step(state.step, state.epoch)
+            at_max = cfg.max_steps is not None and state.step >= cfg.max_steps
+            if window["steps"] >= cfg.log_every or at_max or stop or state.epoch_step == data.steps_per_epoch:
+                _log_window(loss_acc, window, optimizer, scaler, data, state, cfg, log, bar, world_size)
+                loss_acc.zero_()
+                window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
+            if at_max or stop:
+                save(state)
+                break
+            if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                save(state)
     if bar is not None:
         bar.close()
     if stop:
         return f"signal {stop}"
     return "max_steps" if cfg.max_steps is not None and state.step >= cfg.max_steps else None
+
+
+def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
+                      scaler: torch.amp.GradScaler, batch: dict, data: TrainData, state: TrainState,
+                      cfg: StepConfig) -> torch.Tensor:
+    """The micro-batches of one step, forward and backward; returns the step's loss (the gradients accumulate)."""
+    device = cfg.device
+    clips, labels = batch["clip"], batch["label"]
+    step_loss = torch.zeros((), device=device)
+    chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
+                      batch["index"].chunk(cfg.accum_steps)))
+    for j, (xc, yc, ic) in enumerate(chunks):
+        last = j == len(chunks) - 1
+        sync = contextlib.nullcontext() if (ddp is None or last) else ddp.no_sync()
+        with sync:
+            x = model_input(xc, data.mean, data.std, device, cfg.channels_last, cfg.downsample)
+            if cfg.colour_perm_seed is not None:
+                x = colour_permutation(x, ic, state.epoch, cfg.colour_perm_seed)
+            y = yc.to(device, non_blocking=True)
+            with _autocast(device, cfg.amp_dtype):
+                out = model(x)
+            # Loss in float32 and divided by the micro-batch count, so the
+            # accumulated gradient is the mean over the whole batch.
+            loss = criterion(out.float(), y) / len(chunks)
+            scaler.scale(loss).backward()
+        step_loss += loss.detach()
+    return step_loss
 
 
 def _step_flags(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: TrainState,
@@ -288,6 +387,8 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
     gpu = cfg.gpu.sample() if cfg.gpu is not None else {}
     record.update(gpu)
     log.log(record)
+    if cfg.heartbeat is not None:
+        cfg.heartbeat.loss(record["loss"])
     if bar is not None:
         extra = {"gpu": format_gpu(gpu)[4:]} if gpu else {}
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
@@ -297,12 +398,14 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
 @torch.no_grad()
 def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: torch.dtype | None, *,
              channels_last: bool = False, downsample: int = 1, progress: bool = False,
-             features: bool = False) -> dict[str, Any]:
+             features: bool = False, stop: StopRequest | None = None) -> dict[str, Any]:
     """Clip and video accuracy over all of ``data``, gathered from every rank.
 
     ``model`` must be the plain module, not the DDP wrapper: ranks hold
     different numbers of clips, and DDP's forward may talk to the other ranks.
     With ``features`` (a C3D) the per-video mean fc6/fc7 go into ``video_scores`` too.
+    A signal that sets ``stop`` ends the evaluation within a layer (``stop_checks``; the ranks do not talk
+    until the gather at the end, so each may stop where it is): every rank then raises ``Interrupted``.
     """
     was_training = model.training
     model.eval()
@@ -314,20 +417,28 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
         from tqdm import tqdm
 
         it = tqdm(it, desc="eval", leave=False, dynamic_ncols=True)
-    for batch in it:
-        x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
-        y = batch["label"].to(device, non_blocking=True)
-        feats = None
-        with _autocast(device, amp_dtype):
-            if features:
-                fc6, fc7, logits = cast("C3D", model).forward_with_features(x)
-                feats = {"fc6": fc6, "fc7": fc7}
-            else:
-                logits = model(x)
-        logits = logits.float()
-        acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)), feats)
-    states = dist.all_gather_object(acc.state())
+    cut: str | None = None
+    with stop_checks(model, stop, backward=False):
+        try:
+            for batch in it:
+                x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
+                y = batch["label"].to(device, non_blocking=True)
+                feats = None
+                with _autocast(device, amp_dtype):
+                    if features:
+                        fc6, fc7, logits = cast("C3D", model).forward_with_features(x)
+                        feats = {"fc6": fc6, "fc7": fc7}
+                    else:
+                        logits = model(x)
+                logits = logits.float()
+                acc.add(logits, y, list(batch["video_id"]), float(criterion(logits, y)), feats)
+        except Interrupted as exc:
+            cut = exc.signal
+    gathered = dist.all_gather_object((acc.state(), cut))
     model.train(was_training)
-    result = merge_eval(states, data.classes, keep_scores=True)
+    asked = next((signal_name for _, signal_name in gathered if signal_name), None)
+    if asked is not None:
+        raise Interrupted(asked)
+    result = merge_eval([state for state, _ in gathered], data.classes, keep_scores=True)
     result["protocol"] = dict(data.protocol)
     return result

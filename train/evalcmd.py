@@ -88,7 +88,7 @@ def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistI
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
     info = dist.init_distributed(opts.device)
-    saved = ckpt_io.load(opts.checkpoint)
+    saved = ckpt_io.load_named(opts.checkpoint, say=print if info.is_main else None)
     trained = ckpt_io.saved_config(saved, opts.checkpoint)
     shape = dataset_info(opts.data, trained.crop_size)
     ckpt_io.check_classes(saved, shape.classes, opts.checkpoint)

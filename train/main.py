@@ -24,10 +24,11 @@ from . import dist
 from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
-from .data import build_eval_data, build_train_data, dali_builder, dataset_info
-from .engine import BestTracker, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
+from .data import DataShape, build_eval_data, build_train_data, dali_builder, dataset_info
+from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
+from .heartbeat import Heartbeat
 from .metrics import MetricsLog, read_metrics
 from .model import C3D, load_for_finetuning
 from .plots import confusion_png, save_figures
@@ -36,7 +37,7 @@ from .readerrors import reading
 from .schedule import build_optimizer, build_scheduler
 from .workers import end_workers_at_exit
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def _say(info: dist.DistInfo, text: str) -> None:
@@ -63,17 +64,22 @@ def eval_line(result: dict[str, Any]) -> str:
             f"{result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)")
 
 
-def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo) -> C3D:
-    """C3D for these classes, maybe with fine-tuning weights, on this rank's device."""
+def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo, *, resuming: bool = False) -> C3D:
+    """C3D for these classes, with ``--finetune``'s weights unless ``resuming``, on this rank's device."""
     # Same seed on every rank for the weights (DDP copies rank 0's anyway).
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop,
-                dropout=cfg.dropout)
-    if cfg.finetune and not (cfg.resume and os.path.exists(ckpt_io.latest_path(cfg.out))):
+    try:
+        model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len,
+                    crop_size=cfg.model_crop, dropout=cfg.dropout)
+    except ValueError as exc:  # an input too small for C3D's pools
+        raise TrainError(f"--clip-len {cfg.clip_len} --crop-size {cfg.crop_size} --downsample {cfg.downsample}: "
+                         f"{exc}") from exc
+    if cfg.finetune and not resuming:
         try:
-            left = load_for_finetuning(model, ckpt_io.model_state(ckpt_io.load(cfg.finetune)))
+            weights = ckpt_io.load_named(cfg.finetune, say=lambda text: _say(info, text))
+            left = load_for_finetuning(model, ckpt_io.model_state(weights))
         except ValueError as exc:
             raise TrainError(f"--finetune {cfg.finetune}: {exc}") from exc
         _say(info, f"fine-tuning from {cfg.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
@@ -108,14 +114,32 @@ def auto_batch(cfg: TrainConfig, model: nn.Module, num_classes: int, info: dist.
     return batch, details
 
 
-def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, classes: list[str],
+def check_resume(path: str, saved: dict[str, Any], cfg: TrainConfig, shape: DataShape) -> None:
+    """Refuse, in one line, a resume of checkpoint ``saved`` (read from ``path``) that this run cannot continue:
+    other classes, a setting that decides the weights' shapes, or (unless ``--force-resume``) other data or
+    settings that decide it. Before anything is built, so a refused resume costs no work."""
+    ckpt_io.check_classes(saved, shape.classes, path)
+    ckpt_io.check_settings(saved, cfg, path, data=shape.identity)
+
+
+def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, shape: DataShape,
            info: dist.DistInfo) -> tuple[TrainState, dict | None]:
-    """Load checkpoint ``saved`` (read from ``path``) into model/optimizer/scaler/scheduler and the sampler.
+    """Load checkpoint ``saved`` (read from ``path``, checked by ``check_resume``) into model/optimizer/scaler/
+    scheduler and the sampler, and print what changed since it was saved.
 
     Returns the progress and this rank's RNG state (None when the world size or batch changed).
     """
-    ckpt_io.check_classes(saved, classes, path)
-    before = ckpt_io.check_settings(saved, cfg, path)
+    check_resume(path, saved, cfg, shape)  # again: --batch-size auto resolved the batch since
+    before = ckpt_io.saved_config(saved, path)
+    changed = ckpt_io.changed_settings(before, cfg)
+    recorded = saved.get("data")
+    if recorded is None:
+        _say(info, f"note: checkpoint {path} records no identity of its data (saved before checkpoints did): "
+                   f"--data is not compared with it")
+    elif dict(recorded) != dict(shape.identity):  # let through by --force-resume
+        changed.append(f"the data ({ckpt_io.describe_data(recorded)} -> {ckpt_io.describe_data(shape.identity)})")
+    if changed:
+        _say(info, "changed since the checkpoint: " + ", ".join(changed))
     for name, obj in parts.items():
         try:
             obj.load_state_dict(saved[name])
@@ -124,7 +148,10 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
             raise TrainError(f"checkpoint {path}: its {name} state does not fit this run ({first})") from exc
     state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"],
                        nonfinite=int(saved.get("nonfinite", 0)))
-    data.load_state_dict(saved["sampler"])
+    try:
+        data.load_state_dict(saved["sampler"])
+    except ValueError as exc:  # a sampler state of a scheme or size this loader does not draw
+        raise TrainError(f"checkpoint {path}: its sampler state does not fit this run ({exc})") from exc
     rng = None
     if before.world_size == cfg.world_size and before.batch_size == cfg.batch_size:
         rng = saved["rng"][info.rank]
@@ -139,7 +166,8 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
 
 @contextlib.contextmanager
 def stop_signals(stop: StopRequest):
-    """SIGTERM and SIGUSR1 ask the loop to save and stop at the next step boundary (preemption on clusters).
+    """SIGTERM, SIGINT and SIGUSR1 ask the loop to save and stop (preemption on clusters, Ctrl-C): at the next
+    step boundary, or within the step in one process (``engine.stop_checks``).
 
     Installed only in the main thread (where Python delivers signals); the
     previous handlers come back afterwards, for library callers.
@@ -209,7 +237,19 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             ckpt_io.remove_run(cfg.out)
     dist.barrier()
 
-    model = build_model(cfg, classes, info)
+    # The checkpoint to resume is chosen (the newest that loads, passes its checksum and is whole) and checked
+    # against this run before anything is built.
+    def say(text: str) -> None:
+        _say(info, text)
+
+    def resumable(ckpt: dict[str, Any], path: str) -> str | None:
+        ckpt_io.check_classes(ckpt, classes, path)  # not one file's damage: other classes stop the search
+        return ckpt_io.resume_problem(ckpt)
+
+    found = ckpt_io.newest_complete(cfg.out, say, check=resumable) if cfg.resume else None
+    if found is not None:
+        check_resume(*found, cfg, shape)
+    model = build_model(cfg, classes, info, resuming=found is not None)
     auto = None
     if cfg.auto_batch:
         batch, auto = auto_batch(cfg, model, len(classes), info)
@@ -251,9 +291,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         latest = ckpt_io.latest_path(cfg.out)
         state, rng = TrainState(), None
         tracker = BestTracker(cfg.early_stop)
-        found = ckpt_io.newest_complete(cfg.out, lambda text: _say(info, text)) if cfg.resume else None
         if found is not None:
-            state, rng = resume(*found, cfg, parts, data, classes, info)
+            state, rng = resume(*found, cfg, parts, data, shape, info)
             tracker.load_state_dict(found[1].get("best"))
             if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
                 limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
@@ -269,19 +308,26 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         log.start(state.step if resumed else None)
         profiler = StepProfiler(cfg.out, cfg.profile, info.rank, device) if cfg.profile else None
         stop = StopRequest()
+        total = min(cfg.epochs * steps, cfg.max_steps or cfg.epochs * steps)
+        # Without a terminal there is no progress bar: a line every HEARTBEAT_S seconds shows the run is alive.
+        heartbeat = (Heartbeat(total=total, steps_per_epoch=steps, epochs=cfg.epochs, step=state.step)
+                     if info.is_main and not cfg.no_progress and not sys.stdout.isatty() else None)
         step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=stop, profiler=profiler,
                                           progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
-                                          gpu=GpuStats(device) if info.is_main else None)
+                                          gpu=GpuStats(device) if info.is_main else None, heartbeat=heartbeat)
+
+        saved_step = [state.step if resumed else -1]  # the step of the newest checkpoint in OUT
 
         def save(st: TrainState) -> None:
             # Every rank's RNG goes in, so each rank resumes its own dropout stream.
+            saved_step[0] = st.step
             rngs = dist.all_gather_object(ckpt_io.rng_state())
             if info.is_main:
                 ckpt_io.save_checkpoint({
                     **{name: obj.state_dict() for name, obj in parts.items()},
                     "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
                     "sampler": data.state_dict(consumed=st.epoch_step * batch_size), "best": tracker.state_dict(),
-                    "rng": rngs, "classes": classes, "config": cfg.to_dict(),
+                    "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last)
 
         _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
@@ -292,34 +338,57 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         if rng is not None:
             ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)
         criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+        def evaluated(name: str) -> tuple[int, dict, dict]:
+            """Evaluate on --val-data, count it for --early-stop and the best checkpoint, save this step's
+            checkpoint (with the tracker's new state) and point checkpoint_best.pt at it when it is the best so
+            far: every evaluation alike, the final one included. ``Interrupted`` by a stop signal: nothing kept."""
+            if val is None:
+                raise TrainError("an evaluation needs --val-data")
+            if heartbeat is not None:
+                heartbeat.phase("evaluating")
+            result = _eval_and_log(model, val, state, cfg, step_cfg, log, info, name)
+            if heartbeat is not None:
+                heartbeat.phase("training")
+            improved = tracker.update(result[1]["video_top1"], state.step)
+            save(state)
+            if improved and info.is_main:
+                ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
+            return result
+
         t_start = time.perf_counter()
         last_eval = None
         stopped = None
-        with stop_signals(stop):
-            while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
-                data.set_epoch(state.epoch)
-                data.set_position(state.epoch_step * batch_size)
-                with reading("--data", cfg.data):
-                    stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data, state,
-                                              step_cfg, log, save, world_size=info.world_size)
-                if stopped:
-                    break  # --max-steps or a signal; train_one_epoch saved the checkpoint
-                state.epoch += 1
-                state.epoch_step = 0
-                improved = False
-                if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
-                    last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info,
-                                              f"epoch{state.epoch:03d}")
-                    improved = tracker.update(last_eval[1]["video_top1"], state.step)
-                save(state)
-                if improved and info.is_main:
-                    ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
-                if tracker.exhausted:
-                    stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} (step "
-                               f"{tracker.best_step}) in {tracker.since} evaluations")
-                    _say(info, stopped)
-                    break
-        train_s = time.perf_counter() - t_start
+        with stop_signals(stop), heartbeat if heartbeat is not None else contextlib.nullcontext():
+            try:
+                while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
+                    data.set_epoch(state.epoch)
+                    data.set_position(state.epoch_step * batch_size)
+                    with reading("--data", cfg.data):
+                        stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data,
+                                                  state, step_cfg, log, save, world_size=info.world_size)
+                    if stopped:
+                        break  # --max-steps or a signal; train_one_epoch saved the checkpoint
+                    state.epoch += 1
+                    state.epoch_step = 0
+                    if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
+                        last_eval = evaluated(f"epoch{state.epoch:03d}")
+                    else:
+                        save(state)
+                    if tracker.exhausted:
+                        stopped = (f"early stop: validation video top-1 has not improved on {tracker.best:.4f} "
+                                   f"(step {tracker.best_step}) in {tracker.since} evaluations")
+                        _say(info, stopped)
+                        break
+                train_s = time.perf_counter() - t_start
+                interrupted = bool(stopped and stopped.startswith("signal"))
+                if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
+                    last_eval = evaluated("final")
+            except Interrupted as exc:  # an evaluation cut short: this step's checkpoint is kept, or saved now
+                train_s = time.perf_counter() - t_start
+                if saved_step[0] != state.step:
+                    save(state)
+                stopped = f"signal {exc.signal}"
         if profiler is not None:
             _say(info, profiler.close())
 
@@ -329,9 +398,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                                    "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
                                    "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
                                    "config": cfg.to_dict()}
-        interrupted = bool(stopped and stopped.startswith("signal"))
-        if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-            last_eval = _eval_and_log(model, val, state, cfg, step_cfg, log, info, "final")
         if last_eval is not None:
             summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
         if info.is_main:
@@ -397,7 +463,7 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
                   log: MetricsLog, info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
     with reading("--val-data", cfg.val_data or ""):
         result = evaluate(model, val, step_cfg.device, step_cfg.amp_dtype, channels_last=step_cfg.channels_last,
-                          downsample=step_cfg.downsample, progress=step_cfg.progress)
+                          downsample=step_cfg.downsample, progress=step_cfg.progress, stop=step_cfg.stop)
     files: dict[str, str] = {}
     if info.is_main:
         files = save_eval(cfg.out, name, result)

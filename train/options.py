@@ -11,8 +11,11 @@ a number is checked as it is parsed (finite, within ``ge``/``gt``/``le``/``lt``)
 so a bad value stops the command line before any work. ``check_settings``
 checks a built config against the same declarations (``None`` only where the
 annotation allows it), and ``added_later`` gives the value that checkpoints
-written before the setting existed load with. Settings the run derives
-(``derived``) are checked the same way but have no option.
+written before the setting existed load with. ``on_resume`` says what a
+resumed run may do with a setting the checkpoint has another value of
+(``RESUME_RULES``): refuse (it decides the shapes of the weights, or the
+data), say so, or nothing. Settings the run derives (``derived``) are checked
+the same way but have no option.
 
 ``OneLineParser`` reports a usage error as one ``TrainError`` line ending in
 ``(see PROG --help)``, naming the closest option to a mistyped one.
@@ -42,6 +45,13 @@ class _Unset:
 UNSET: Any = _Unset()
 _KEY = "train.option"  # the dataclass field metadata key of a declaration
 
+# What --resume does when this run's value of a setting differs from the checkpoint's (Option.on_resume).
+RESUME_SHAPE = "shape"  # decides the shapes of the weights or the optimizer state: refused, nothing can override it
+RESUME_DATA = "data"  # decides which clips an epoch holds, in which order: refused unless --force-resume
+RESUME_SAY = "say"  # allowed, printed as "changed since the checkpoint"
+RESUME_FREE = "free"  # how this process runs (where it logs, how long, how many threads): not compared
+RESUME_RULES = (RESUME_SHAPE, RESUME_DATA, RESUME_SAY, RESUME_FREE)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Option:
@@ -62,10 +72,13 @@ class Option:
     metavar: str | None = None
     required: bool = False
     added_later: Any = UNSET
+    on_resume: str = RESUME_SAY
 
     def __post_init__(self) -> None:
         if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
             raise TypeError("a bound is ge or gt (le or lt), not both")
+        if self.on_resume not in RESUME_RULES:
+            raise TypeError(f"on_resume is one of {', '.join(RESUME_RULES)}, not {self.on_resume!r}")
         if (self.group is None) != (self.help is None):
             raise TypeError("an option has a group and a help text; a derived setting neither")
 
@@ -74,7 +87,7 @@ def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any]
            aliases: Mapping[str, str] | None = None, words: Sequence[str] = (), ge: float | None = None,
            gt: float | None = None, le: float | None = None, lt: float | None = None, exclusive: str | None = None,
            also: Sequence[tuple[str, Any, str]] = (), metavar: str | None = None, required: bool = False,
-           added_later: Any = UNSET) -> Any:
+           added_later: Any = UNSET, on_resume: str = RESUME_SAY) -> Any:
     """A dataclass field that is also the option ``--NAME`` in argument group ``group``.
 
     ``default`` is the command line's (None: the config is given its value when
@@ -86,17 +99,25 @@ def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any]
     ``also`` extra flags that store a constant (flag, value, help).
     ``added_later``: the setting is newer than some checkpoints, which load
     with this value (the one that does what runs before it did).
+    ``on_resume``: what ``--resume`` does when the checkpoint has another value
+    (``RESUME_SHAPE``, ``RESUME_DATA``, ``RESUME_SAY`` (the default) or ``RESUME_FREE``; see ``RESUME_RULES``).
     """
     declared = Option(group=group, help=help, default=default, choices=tuple(choices),
                       aliases=tuple((aliases or {}).items()), words=tuple(words), ge=ge, gt=gt, le=le, lt=lt,
                       exclusive=exclusive, also=tuple(also), metavar=metavar, required=required,
-                      added_later=added_later)
+                      added_later=added_later, on_resume=on_resume)
     return dataclasses.field(metadata={_KEY: declared})
 
 
-def derived(*, ge: float | None = None) -> Any:
-    """A dataclass field the run derives (no option), checked like one: ``ge`` bounds an integer."""
-    return dataclasses.field(metadata={_KEY: Option(group=None, help=None, ge=ge)})
+def derived(*, ge: float | None = None, added_later: Any = UNSET) -> Any:
+    """A dataclass field the run derives (no option), checked like one: ``ge`` bounds an integer;
+    ``added_later`` as for ``option``, and also the field's default, so that code building a config without
+    knowing the setting gets what runs did before it. A resume does not compare it (what it follows from is
+    compared)."""
+    declared = Option(group=None, help=None, ge=ge, added_later=added_later, on_resume=RESUME_FREE)
+    if added_later is UNSET:
+        return dataclasses.field(metadata={_KEY: declared})
+    return dataclasses.field(default=added_later, metadata={_KEY: declared})
 
 
 def flag(name: str) -> str:
@@ -250,6 +271,13 @@ def check_settings(config: Any) -> None:
     for members in groups.values():
         if sum(getattr(config, s.name) is not None for s in members) > 1:
             raise TrainError(f"{' and '.join(s.flag for s in members)}: give one of them")
+
+
+def on_resume(cls: type, rule: str) -> tuple[str, ...]:
+    """The settings of dataclass ``cls`` declared with ``on_resume=rule``, in declaration order."""
+    if rule not in RESUME_RULES:
+        raise TypeError(f"rule is one of {', '.join(RESUME_RULES)}, not {rule!r}")
+    return tuple(name for name, s in settings(cls).items() if s.option.on_resume == rule)
 
 
 def added_later(cls: type) -> dict[str, Any]:

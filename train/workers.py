@@ -16,10 +16,11 @@ import time
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers ignore SIGTERM/SIGUSR1: a cluster signals the whole process group on preemption,
-    and the trainer (which saves at the next step, see train.main.stop_signals) still needs its workers'
-    batches until then; the workers end when the trainer closes the loader."""
-    for s in (signal.SIGTERM, signal.SIGUSR1):
+    """DataLoader workers ignore SIGTERM/SIGINT/SIGUSR1: a cluster signals the whole process group on
+    preemption, as a terminal's Ctrl-C does, and the trainer (which saves and stops, see
+    train.main.stop_signals) still needs its workers' batches until then; the workers end when the trainer
+    closes the loader."""
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(s, signal.SIG_IGN)
 
 

@@ -11,8 +11,10 @@ Two routes to one kind of batch:
 ``build_dali_loader`` picks the route from the conversion. ``missing()``
 says whether DALI is usable here (importing this package imports no DALI;
 the loaders import it, and say in one line what to install when it is not
-there). ``loaders.dali.base`` holds what the routes share, and
-``loaders.dali.graphs`` how each kind of payload is decoded.
+there). ``loaders.dali.base`` holds what the routes share,
+``loaders.dali.graphs`` how each kind of payload is decoded, and
+``loaders.dali.sharding`` (no DALI import) the batches of an epoch, padded or
+not, which the trainer counts with too.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def missing() -> str | None:
     return None
 
 
+def route_for(root: str, route: str = "auto") -> str:
+    """The route ``build_dali_loader`` takes for ``root``: ``route``, or for ``"auto"`` the native route on a
+    TFRecord conversion and the source route on the others (the trainer sizes its epochs by it: the native
+    route pads the last batch, ``loaders.dali.sharding``)."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
+    if route != "auto":
+        return route
+    return "native" if read_manifest(root).data.backend == "tfrecord" else "source"
+
+
 def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: Any = None, rank: int = 0,
                       world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int | None = 2,
                       route: str = "auto", verify: bool = False, **kw: Any) -> Any:
@@ -53,10 +66,7 @@ def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: Any = 
     the native route refuses it with a ValueError). Other keywords go to the
     loader chosen.
     """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
-    if route == "auto":
-        route = "native" if read_manifest(root).data.backend == "tfrecord" else "source"
+    route = route_for(root, route)
     common = {"train": train, "batch_size": batch_size, "preset": preset, "rank": rank, "world_size": world_size,
               "device_id": device_id, "seed": seed}
     if route == "native":
@@ -72,4 +82,4 @@ def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: Any = 
     return DaliClipLoader(root, workers=2 if workers is None else workers, verify=verify, **common, **kw)
 
 
-__all__ = ["ROUTES", "DaliClipLoader", "DaliTFRecordLoader", "build_dali_loader", "missing"]
+__all__ = ["ROUTES", "DaliClipLoader", "DaliTFRecordLoader", "build_dali_loader", "missing", "route_for"]

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import math
 import operator
 import os
 import warnings
@@ -89,6 +88,7 @@ from .base import (
     types,
 )
 from .graphs import cpu_codecs, graph_for
+from .sharding import padded_steps, shard_sizes
 
 _GOLDEN = 0.6180339887498949
 # The features the pipeline reads, in FORMAT.md's schema (convert.format.tfrecord.schema).
@@ -479,13 +479,3 @@ class DaliTFRecordLoader(DaliLoaderBase):
         """Stop the pipeline and free its threads and memory (a later iteration builds a new one)."""
         super().close()
         self._at = None
-
-
-def shard_sizes(clips: int, world_size: int) -> list[int]:
-    """Clips per rank in DALI's sharding (contiguous ranges, ``clips * r // world_size`` onwards)."""
-    return [clips * (r + 1) // world_size - clips * r // world_size for r in range(world_size)]
-
-
-def padded_steps(clips: int, world_size: int, batch_size: int) -> int:
-    """Batches per rank per epoch with ``pad_last_batch``: every shard padded to the largest, in whole batches."""
-    return math.ceil(math.ceil(clips / world_size) / batch_size)
