@@ -7,9 +7,10 @@ import sys
 
 import numpy as np
 
-from .argtypes import OneLineParser
-from .format import FormatError, Manifest, open_clips, read_manifest
+from .argtypes import OneLineParser, number, whole
+from .format import WRITE_CODECS, FormatError, Manifest, open_clips, read_manifest
 from .format.verify import verify
+from .options import MAX_WORKERS
 from .summary import describe_shape, print_summary
 
 
@@ -136,7 +137,7 @@ def main(argv: list[str]) -> int:
         p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
         p.add_argument("out", metavar="OUT")
         p.add_argument("--sheet", metavar="FILE.png", help="write a contact sheet of sample clips")
-        p.add_argument("--rows", type=int, default=8, help="clips on the sheet")
+        p.add_argument("--rows", type=whole(1, 1000), default=8, help="clips on the sheet")
         args = p.parse_args(rest)
         manifest = _usable_out("inspect", args.out)
         if manifest is None:
@@ -170,10 +171,12 @@ def main(argv: list[str]) -> int:
     if cmd == "demo":
         p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
         p.add_argument("--out", default="demo_out", help="folder for videos, shards and the contact sheet")
-        p.add_argument("--per-class", type=int, default=16, help="training videos per class")
-        p.add_argument("--seconds", type=float, default=2.0, help="approximate length of each video")
-        p.add_argument("--workers", type=int, default=0, help="parallel shard processes (default: every core)")
-        p.add_argument("--codec", default="raw", help="clip codec")
+        p.add_argument("--per-class", type=whole(1, 10_000), default=16, help="training videos per class")
+        p.add_argument("--seconds", type=number(0, 600, "of seconds", above=True), default=2.0,
+                       help="approximate length of each video")
+        p.add_argument("--workers", type=whole(0, MAX_WORKERS), default=0,
+                       help="parallel shard processes (default: every core)")
+        p.add_argument("--codec", default="raw", choices=list(WRITE_CODECS), help="clip codec")
         args = p.parse_args(rest)
         return demo(args.out, per_class=args.per_class, seconds=args.seconds, workers=args.workers, codec=args.codec)
     raise AssertionError(cmd)  # pragma: no cover - cli routes only known names

@@ -103,3 +103,44 @@ def test_verify_and_inspect_agree_on_exit_status(converted, tmp_path, cmd):
     assert r.returncode == 1 and name in r.stderr
     assert "Exit status: 0 sound; 1 OUT is a conversion but reading it failed or found problems" in \
         " ".join(run_cli(cmd, "--help").stdout.split())
+
+
+# (arguments, the flag the one-line error names): every numeric option, hostile values (issue 19, point 10)
+HOSTILE = [
+    (["--video-timeout", "nan"], "--video-timeout"), (["--video-timeout", "inf"], "--video-timeout"),
+    (["--video-timeout", "0"], "--video-timeout"), (["--video-timeout", "1e300"], "--video-timeout"),
+    (["--decode-threads", "100000"], "--decode-threads"), (["--decode-threads", "-1"], "--decode-threads"),
+    (["--map-size", "0"], "--map-size"), (["--map-size", "1x"], "--map-size"),
+    (["--map-size", "9" * 40 + "T"], "--map-size"),
+    (["--backend", "tfrecord", "--part-size", "0"], "--part-size"),
+    (["--max-memory", "0"], "--max-memory"), (["--max-memory", "9" * 400], "--max-memory"),
+    (["--workers", "-1"], "--workers"), (["--workers", "100000"], "--workers"),
+    (["--shards", "0"], "--shards"), (["--shards", "10000000000"], "--shards"),
+    (["--retries", "-1"], "--retries"), (["--retries", "1e9"], "--retries"),
+    (["--clip-len", "0"], "--clip-len"), (["--clip-len", "²"], "--clip-len"), (["--clip-len", "70000"], "--clip-len"),
+    (["--stride", "0"], "--stride"), (["--step", "-3"], "--step"), (["--max-clips", "0"], "--max-clips"),
+    (["--fps", "nan"], "--fps"), (["--fps", "-inf"], "--fps"), (["--fps", "0"], "--fps"),
+    (["--size", "0x0"], "--size"), (["--size", "128x99999"], "--size"),
+]
+
+
+@pytest.mark.parametrize("args, flag", HOSTILE, ids=[" ".join(a) for a, _ in HOSTILE])
+def test_every_numeric_option_is_checked_as_it_is_parsed(tmp_path, args, flag):
+    new_out = str(tmp_path / "new")
+    r = run_cli(str(tmp_path), new_out, "--no-progress", *args)  # refused before SRC is read
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"python -m convert: error: argument {flag}: "), r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(new_out)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["inspect", "OUT", "--rows", "0"], "--rows"), (["demo", "--per-class", "-1"], "--per-class"),
+    (["demo", "--seconds", "nan"], "--seconds"), (["demo", "--seconds", "inf"], "--seconds"),
+    (["demo", "--workers", "-2"], "--workers"), (["demo", "--codec", "zip"], "--codec"),
+])
+def test_the_sub_commands_check_their_numbers_as_they_are_parsed(tmp_path, args, flag):
+    demo_out = str(tmp_path / "demo")
+    r = run_cli(*[{"OUT": str(tmp_path)}.get(a, a) for a in args], *(["--out", demo_out] if args[0] == "demo" else []))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and f"error: argument {flag}: " in r.stderr, r.stderr
+    assert not os.path.exists(demo_out)
