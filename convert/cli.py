@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 
 from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes, parse_short_side, parse_size, whole
 from .clips import SHORT_POLICIES
-from .format import BACKENDS, WRITE_CODECS
+from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
@@ -172,6 +173,25 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOption
     return config, opts
 
 
+# OSErrors that say the path the user gave cannot be used (status 2, like any argument the job cannot
+# take); every other one is a failure of the machine (a full disk, an I/O error: status 1).
+USER_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                         errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def os_error_status(exc: OSError) -> int:
+    """The exit status of a job stopped by ``exc``: 2 when its path cannot take the job, 1 when the machine failed."""
+    return 2 if exc.errno in USER_ERRNOS else 1
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` as one line naming its file: a ``StoreError`` says it already; Python's own says it after the text."""
+    if isinstance(exc, StoreError) or not exc.filename:
+        return str(exc)
+    names = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{names}: {exc.strerror or exc}"
+
+
 def _mistyped_subcommand(argv: list[str]) -> str | None:
     """The sub-command a first argument that is no file was probably meant to be ("verfy" -> "verify")."""
     if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
@@ -201,12 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
                          classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
                          say=lambda note: print(f"convert: {note}", file=sys.stderr))
-    except (SourceError, PlanError, ValueError, OSError) as exc:
-        print(f"convert: error: {exc}", file=sys.stderr)
-        return 2
     except ShardFailed as exc:
         # Not the user's input: a shard's store or process; the log named holds the rest.
         print(f"convert: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"convert: error: {describe_os_error(exc)}", file=sys.stderr)
+        return os_error_status(exc)
+    except (SourceError, PlanError, ValueError) as exc:
+        print(f"convert: error: {exc}", file=sys.stderr)
+        return 2
     print_summary(args.out, result, args.json)
     return 0
