@@ -42,6 +42,17 @@ def inspect_summary(out: str) -> dict:
     }
 
 
+def describe_ratio(codec: str, ratio: float | None) -> str:
+    """How the stored clips compare with raw ones, as ``inspect`` says it after the bytes per clip.
+
+    Raw clips are the raw bytes (plus a header): no ratio to speak of. A codec that made clips larger
+    (JPEG of noise) says so rather than "0.8x smaller".
+    """
+    if codec == "raw" or not ratio:
+        return ", uncompressed" if codec == "raw" else ""
+    return f", {ratio:.2f}x smaller than raw" if ratio >= 1 else f", {1 / ratio:.2f}x larger than raw"
+
+
 def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: int = 0) -> str:
     """A PNG with ``rows`` sample clips (one per class first), ``frames`` frames each, captioned."""
     from PIL import Image, ImageDraw
@@ -157,8 +168,7 @@ def main(argv: list[str]) -> int:
         shape = describe_shape(data.clip_shape, data.clip.clip_len, data.frame_size.short_side)
         print(f"{s['root']}: {s['clips']} clips of shape {shape} from {s['videos_with_clips']} "
               f"videos, codec {s['codec']}")
-        ratio = f", {s['codec_ratio']:.2f}x smaller than raw" if s["codec_ratio"] else ""
-        print(f"bytes per clip: {s['bytes_per_clip']:.0f}{ratio}")
+        print(f"bytes per clip: {s['bytes_per_clip']:.0f}{describe_ratio(s['codec'], s['codec_ratio'])}")
         cpv = s["clips_per_video"]
         print(f"clips per video: min {cpv['min']}, mean {cpv['mean']:.1f}, max {cpv['max']}")
         print("clips per class:")

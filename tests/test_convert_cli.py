@@ -144,3 +144,49 @@ def test_the_sub_commands_check_their_numbers_as_they_are_parsed(tmp_path, args,
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and f"error: argument {flag}: " in r.stderr, r.stderr
     assert not os.path.exists(demo_out)
+
+
+def test_the_summary_counts_a_partial_video_as_partial_not_failed(tmp_path, capsys):
+    result = {"status_counts": {"ok": 4, "partial": 1, "failed": 2, "short": 1}, "shards": [{}], "backend": "lmdb",
+              "totals": {"clips": 20, "value_bytes": 0, "videos": 8}, "codec": "raw", "clip_shape": [16, 8, 8, 3]}
+    print_summary(str(tmp_path), result, False)
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "videos: 4 ok, 1 short (0 padded), 1 partial (clips kept up to the damage), 2 failed, 0 missing, 0 rejected")
+
+
+def test_inspect_says_raw_clips_are_uncompressed_and_a_larger_codec_larger(converted):
+    from convert.tools import describe_ratio
+
+    _, out, _ = converted
+    r = run_cli("inspect", out)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("bytes per clip: ")]
+    assert line.endswith(", uncompressed") and "smaller" not in line  # before: "1.00x smaller than raw"
+    assert describe_ratio("lz4", 1.25) == ", 1.25x smaller than raw"
+    assert describe_ratio("jpeg", 0.8) == ", 1.25x larger than raw"
+
+
+def test_a_job_that_fails_before_writing_anything_leaves_no_out_it_created(tmp_path, stand_in_videos):
+    """A device with inodes for OUT and its lock only: the plan cannot be written. The job stops (status 1,
+    naming the file) and removes the OUT it created (before: an empty OUT with a lock file and shards/)."""
+    import subprocess
+
+    from .conftest import TINY
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    os.symlink(os.path.join(stand_in_videos, TINY["a"][0]), src / "a" / "x.mp4")
+    disk = str(tmp_path / "disk")
+    os.makedirs(disk)
+    # the root, OUT, its lock and shards/: no inode left for the plan
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m,nr_inodes=4", "tmpfs", disk], check=True, timeout=30)
+    try:
+        out = os.path.join(disk, "out")
+        r = run_cli(str(src), out, "--no-progress")
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith(f"convert: error: no space left for {out}/plan.json.tmp.") and \
+            r.stderr.count("\n") == 1, r.stderr
+        assert not os.path.exists(out)
+        assert run_cli(str(src), str(tmp_path / "fine"), "--no-progress").returncode == 0  # the source was fine
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)
