@@ -11,20 +11,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import errno
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .argtypes import OneLineParser, parse_bytes, parse_short_side, parse_size
+from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes, parse_short_side, parse_size, whole
 from .clips import SHORT_POLICIES
-from .format import BACKENDS, WRITE_CODECS
-from .options import JobOptions
+from .format import BACKENDS, WRITE_CODECS, StoreError
+from .format.layout import MAX_CLIP_INDEX
+from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
 from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
+
+MAX_FRAMES = MAX_CLIP_INDEX  # clip indices and start frames are uint32 in every clip header
 
 
 def add_convert_options(p: argparse.ArgumentParser) -> None:
@@ -53,30 +58,33 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                       help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
     size.add_argument("--short-side", type=parse_short_side, metavar="S",
                       help="resize so the shorter side is S, keeping aspect")
-    g.add_argument("--fps", type=float, help="resample to this frame rate by timestamps (default: keep every frame)")
-    g.add_argument("--clip-len", type=int, default=16, help="frames per clip (default 16)")
-    g.add_argument("--stride", type=int, default=1, help="take every Nth frame inside a clip (default 1)")
-    g.add_argument("--step", type=int, help="frames between clip starts (default clip-len x stride: no overlap)")
-    g.add_argument("--max-clips", type=int, help="at most this many clips per video (the first ones)")
+    g.add_argument("--fps", type=number(0, 1000, above=True),
+                   help="resample to this frame rate by timestamps (default: keep every frame)")
+    g.add_argument("--clip-len", type=whole(1, 65535), default=16, help="frames per clip (default 16)")
+    g.add_argument("--stride", type=whole(1, 65535), default=1, help="take every Nth frame inside a clip (default 1)")
+    g.add_argument("--step", type=whole(1, MAX_FRAMES),
+                   help="frames between clip starts (default clip-len x stride: no overlap)")
+    g.add_argument("--max-clips", type=whole(1, MAX_FRAMES), help="at most this many clips per video (the first ones)")
     g.add_argument("--short", default="skip", choices=SHORT_POLICIES,
                    help="a video shorter than one clip: skip it, loop it, or repeat its last frame (default skip)")
     g.add_argument("--on-damage", default="keep", choices=DAMAGE_POLICIES,
                    help="a video that breaks part-way: keep the clips before the damage, or skip it (default keep)")
     g = p.add_argument_group("running")
-    g.add_argument("--workers", type=int, default=0, help="parallel shard processes (default: every core)")
-    g.add_argument("--shards", type=int, help="number of shards (default: 2 per worker, at most 1000 videos each); "
-                   "fixed at the first run")
-    g.add_argument("--video-timeout", type=float, default=300.0,
+    g.add_argument("--workers", type=whole(0, MAX_WORKERS), default=0,
+                   help="parallel shard processes (default: every core)")
+    g.add_argument("--shards", type=whole(1, MAX_SHARDS),
+                   help="number of shards (default: 2 per worker, at most 1000 videos each); fixed at the first run")
+    g.add_argument("--video-timeout", type=number(0, MAX_TIMEOUT, "of seconds", above=True), default=300.0,
                    help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
-    g.add_argument("--retries", type=int, default=1,
+    g.add_argument("--retries", type=whole(0, MAX_RETRIES), default=1,
                    help="retries of a video whose decoder crashed or hung (default 1)")
     g.add_argument("--retry-failed", action="store_true",
                    help="rerun only: convert again the videos recorded as failed (report.jsonl), finished job "
                         "or not; a video's record is replaced by the new attempt's")
-    g.add_argument("--decode-threads", type=int, default=1,
+    g.add_argument("--decode-threads", type=whole(0, MAX_DECODE_THREADS), default=1,
                    help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
     add_store_options(g)
-    g.add_argument("--max-memory", type=parse_bytes, metavar="BYTES",
+    g.add_argument("--max-memory", type=byte_count(MIN_MEMORY), metavar="BYTES",
                    help="heap limit per shard process, e.g. 4G: a video that needs more is recorded as failed "
                         "instead of calling the OOM killer (default: no limit)")
     g.add_argument("--dask", metavar="ADDRESS", help="run shards on a Dask cluster (scheduler address, or 'local'); "
@@ -91,15 +99,35 @@ def store_flags() -> dict[str, tuple[str, dataclasses.Field]]:
             for f in dataclasses.fields(backend.options)}
 
 
+def store_value_type(backend: str, f: dataclasses.Field) -> Callable[[str], Any]:
+    """The argparse type of a backend's valued option: parsed, then checked by the backend's options dataclass.
+
+    The dataclass holds the rule (its ``__post_init__``); asking it here makes a value it refuses a
+    usage error of the flag, before any work.
+    """
+    read = parse_bytes if f.metadata.get("parse") == "bytes" else whole(-MAX_BYTES, MAX_BYTES)
+
+    def parse(text: str) -> Any:
+        value = read(text)
+        try:
+            BACKENDS[backend].make_options({f.name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
+
+    parse.__name__ = f.name
+    return parse
+
+
 def add_store_options(g: argparse._ArgumentGroup) -> None:
     """The backends' own options (``convert.format.base.option``), each under its backend's flag."""
-    for dest, (_, f) in store_flags().items():
+    for dest, (name, f) in store_flags().items():
         kind = f.metadata.get("parse", "value")
         if kind == "switch":
             g.add_argument(f.metadata["flag"], dest=dest, action="store_true", default=None, help=f.metadata["help"])
         else:
             g.add_argument(f.metadata["flag"], dest=dest, default=None, help=f.metadata["help"],
-                           type=parse_bytes if kind == "bytes" else int, metavar="BYTES" if kind == "bytes" else None)
+                           type=store_value_type(name, f), metavar="BYTES" if kind == "bytes" else None)
 
 
 def store_options(args: argparse.Namespace, backend: str) -> Any:
@@ -138,18 +166,30 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOption
     config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
                            fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,
                            max_clips=args.max_clips, short=args.short, on_damage=args.on_damage)
-    for name in ("workers", "retries", "decode_threads"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
-    if args.shards is not None and args.shards < 1:
-        raise ValueError("--shards must be >= 1")
-    if args.video_timeout <= 0:
-        raise ValueError("--video-timeout must be > 0")
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
                          store=store_options(args, config.backend), max_memory=args.max_memory)
     opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
                       progress=not args.no_progress and sys.stderr.isatty())
     return config, opts
+
+
+# OSErrors that say the path the user gave cannot be used (status 2, like any argument the job cannot
+# take); every other one is a failure of the machine (a full disk, an I/O error: status 1).
+USER_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                         errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def os_error_status(exc: OSError) -> int:
+    """The exit status of a job stopped by ``exc``: 2 when its path cannot take the job, 1 when the machine failed."""
+    return 2 if exc.errno in USER_ERRNOS else 1
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` as one line naming its file: a ``StoreError`` says it already; Python's own says it after the text."""
+    if isinstance(exc, StoreError) or not exc.filename:
+        return str(exc)
+    names = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{names}: {exc.strerror or exc}"
 
 
 def _mistyped_subcommand(argv: list[str]) -> str | None:
@@ -181,12 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
                          classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
                          say=lambda note: print(f"convert: {note}", file=sys.stderr))
-    except (SourceError, PlanError, ValueError, OSError) as exc:
-        print(f"convert: error: {exc}", file=sys.stderr)
-        return 2
     except ShardFailed as exc:
         # Not the user's input: a shard's store or process; the log named holds the rest.
         print(f"convert: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        print(f"convert: error: {describe_os_error(exc)}", file=sys.stderr)
+        return os_error_status(exc)
+    except (SourceError, PlanError, ValueError) as exc:
+        print(f"convert: error: {exc}", file=sys.stderr)
+        return 2
     print_summary(args.out, result, args.json)
     return 0

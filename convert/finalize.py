@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import asdict
 
 from .format import FORMAT_VERSION, MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from .format.errors import storing
 from .format.layout import write_json_atomic
 from .format.manifest import Totals
 from .plan import Plan
@@ -42,10 +43,11 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
                 records.append({"id": rec.video_id, "path": rec.path, "status": rec.status, "reason": rec.reason})
         shards.append(manifest_entry(s, out, plan))
     tmp = os.path.join(out, REPORT + ".tmp")
-    with open(tmp, "w") as fh:
-        for r in sorted(records, key=lambda r: r["id"]):
-            fh.write(json.dumps(r, sort_keys=True) + "\n")
-    os.replace(tmp, os.path.join(out, REPORT))
+    with storing("writing", tmp):
+        with open(tmp, "w") as fh:
+            for r in sorted(records, key=lambda r: r["id"]):
+                fh.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, os.path.join(out, REPORT))
     manifest = Manifest(
         format_version=FORMAT_VERSION, data=plan.config.data_spec(plan.classes), shards=tuple(shards),
         totals=Totals(videos=sum(s.videos for s in shards), clips=sum(s.clips for s in shards),

@@ -26,6 +26,7 @@ the shard process the ordinary way.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import logging
 import os
@@ -37,13 +38,15 @@ import subprocess
 import sys
 import threading
 import traceback
-from typing import IO, Any
+from typing import IO
 
 log = logging.getLogger(__name__)
 
 _STATUS = struct.Struct("<i")
 _MAX_MESSAGE = 1 << 20
-_MAIN_MODULE = "convert.shard_worker"
+# The modules a child may run, as ``python -m MODULE ARGV`` would (their ``main(argv)``).
+MODULES = ("convert.shard_worker",)
+MAX_KEEP = 4  # descriptors a child may be given beside its standard streams
 
 
 def readable(fd: int, timeout: float | None) -> bool:
@@ -137,9 +140,9 @@ class _Server:
         self.sock = ours
         self.lock = threading.Lock()
 
-    def spawn(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
+    def spawn(self, module: str, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> int:
         """Ask for a child; its pid. OSError when the server is gone or refuses."""
-        message = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+        message = json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "fds": len(fds)}).encode()
         if len(message) > _MAX_MESSAGE:
             raise OSError(f"request of {len(message)} bytes is too large for the fork server")
         with self.lock:
@@ -248,13 +251,18 @@ def _get(env: dict[str, str]) -> _Server | None:
         return _server
 
 
-def spawn(argv: list[str], *, env: dict[str, str], stderr: int) -> ForkedProcess | None:
-    """``python -m convert.shard_worker ARGV`` as a child of the fork server; None when that cannot be done.
+def spawn(argv: list[str], *, env: dict[str, str], stderr: int, keep: tuple[int, ...] = (),
+          module: str = MODULES[0]) -> ForkedProcess | None:
+    """``python -m MODULE ARGV`` as a child of the fork server; None when that cannot be done.
 
     Its stdin and stdout are new pipes (``.stdin``, ``.stdout``), its stderr
-    the descriptor ``stderr``; it sees ``env`` as its environment and this
-    process's working directory as its own.
+    the descriptor ``stderr``; the descriptors ``keep`` are its 3, 4, ... (as
+    ``pass_fds`` would keep them, but numbered from 3); it sees ``env`` as its
+    environment and this process's working directory as its own. OSError when
+    no pipe can be made (the process is out of descriptors).
     """
+    if module not in MODULES or len(keep) > MAX_KEEP:
+        raise ValueError(f"the fork server runs {', '.join(MODULES)} with at most {MAX_KEEP} kept descriptors")
     server = _get(env)
     if server is None:
         return None
@@ -262,7 +270,7 @@ def spawn(argv: list[str], *, env: dict[str, str], stderr: int) -> ForkedProcess
     out_r, out_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
-        pid = server.spawn(argv, env, os.getcwd(), [in_r, out_w, stderr, status_w])
+        pid = server.spawn(module, argv, env, os.getcwd(), [in_r, out_w, stderr, status_w, *keep])
     except OSError as exc:
         for fd in (in_r, in_w, out_r, out_w, status_r, status_w):
             os.close(fd)
@@ -272,7 +280,7 @@ def spawn(argv: list[str], *, env: dict[str, str], stderr: int) -> ForkedProcess
     for fd in (in_r, out_w, status_w):
         os.close(fd)
     return ForkedProcess(pid, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), status_r,
-                         [sys.executable, "-m", _MAIN_MODULE, *argv])
+                         [sys.executable, "-m", module, *argv])
 
 
 # -- the server's side ----------------------------------------------------------
@@ -280,11 +288,12 @@ def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _run_child(argv: list[str]) -> int:
-    """What ``python -m convert.shard_worker ARGV`` does, in this forked process; its exit status."""
-    from convert.shard_worker import main
+def _run_child(module: str, argv: list[str]) -> int:
+    """What ``python -m MODULE ARGV`` does, in this forked process; its exit status."""
+    import importlib
 
-    sys.argv = [_MAIN_MODULE, *argv]
+    main = importlib.import_module(module).main
+    sys.argv = [module, *argv]
     try:
         return main(argv) or 0
     except SystemExit as exc:
@@ -298,7 +307,7 @@ def _run_child(argv: list[str]) -> int:
 
 
 def _child(fds: list[int], request: dict, close: list[int]) -> None:
-    stdin_fd, stdout_fd, stderr_fd, status_fd = fds
+    stdin_fd, stdout_fd, stderr_fd, status_fd, *keep = fds
     for fd in [status_fd, *close]:
         os.close(fd)
     signal.set_wakeup_fd(-1)
@@ -308,13 +317,21 @@ def _child(fds: list[int], request: dict, close: list[int]) -> None:
         os.dup2(fd, target)
     for fd in {stdin_fd, stdout_fd, stderr_fd} - {0, 1, 2}:
         os.close(fd)
+    # The kept descriptors become 3, 4, ...: first moved above that range, so that none is
+    # overwritten by another's move.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3 + len(keep)) for fd in keep]
+    for fd in keep:
+        os.close(fd)
+    for i, fd in enumerate(high):
+        os.dup2(fd, 3 + i)
+        os.close(fd)
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    rc = _run_child(request["argv"])
+    rc = _run_child(request["module"], request["argv"])
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -355,30 +372,34 @@ def serve(fd: int) -> int:
                 os.close(fd_)
 
     accepting = True
+    # poll, as ``readable``: the status pipes of a thousand children may number past select's 1024.
+    poller = select.poll()
+    for fd_ in (sock.fileno(), wake_r):
+        poller.register(fd_, select.POLLIN)
     while accepting or status:
         # Once the job has closed its socket, the children it left running (a
         # job that stopped on one shard's error) still end as they would have
         # as its own: they see their stdin close, finish, and are reaped here.
-        watch: list[Any] = [sock, wake_r] if accepting else [wake_r]
-        ready, _, _ = select.select(watch, [], [])
+        ready = {fd_ for fd_, _ in poller.poll()}
         if wake_r in ready:
             os.read(wake_r, 4096)
             reap()
-        if sock not in ready:
+        if sock.fileno() not in ready:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
+            message, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4 + MAX_KEEP)
         except ConnectionResetError:
             message, fds = b"", []
         if not message:
             for fd_ in fds:
                 os.close(fd_)
             accepting = False
+            poller.unregister(sock.fileno())
             continue
         try:
-            if len(fds) != 4:
-                raise ValueError(f"expected 4 descriptors, got {len(fds)}")
             request = json.loads(message)
+            if len(fds) != request.get("fds") or len(fds) < 4 or request.get("module") not in MODULES:
+                raise ValueError(f"a request for {request.get('module')!r} with {len(fds)} descriptors")
             pid = os.fork()
         except (ValueError, OSError) as exc:
             for fd_ in fds:
@@ -391,7 +412,7 @@ def serve(fd: int) -> int:
             except BaseException:  # noqa: BLE001 - setting up the child failed: say why, in its log
                 traceback.print_exc()
             os._exit(1)
-        for fd_ in fds[:3]:
+        for fd_ in fds[:3] + fds[4:]:
             os.close(fd_)
         status[pid] = fds[3]
         sock.send(json.dumps({"pid": pid}).encode())

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from .finalize import finalize
 from .format import MANIFEST, PLAN, SHARD_DIR, FormatError, read_manifest, shard_name
+from .format.errors import storing
 from .format.layout import write_json_atomic
 from .format.system import cpu_count
 from .options import JobOptions
@@ -46,7 +47,8 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     workers = opts.workers or cpu_count()
     n_shards = opts.shards or default_shards(len(source.items), workers)
     plan = make_plan(source, config, n_shards, source_info)
-    os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
+    with storing("creating", os.path.join(out, SHARD_DIR)):
+        os.makedirs(os.path.join(out, SHARD_DIR), exist_ok=True)
     write_json_atomic(os.path.join(out, PLAN), plan.to_dict(), indent=1)
     return plan
 
@@ -108,7 +110,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             kept = kept_summaries(plan, manifest, redo)
             # From here until the new manifest, OUT is an unfinished job: a kill
             # leaves it for a plain rerun to complete, never a stale manifest.
-            os.remove(manifest_path)
+            with storing("removing", manifest_path):
+                os.remove(manifest_path)
         else:
             kept = []
         running = range(len(plan.shards)) if redo is None else sorted(redo)

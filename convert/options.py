@@ -6,6 +6,16 @@ from dataclasses import dataclass
 
 from .supervise import ShardOptions
 
+# The ranges of the running options (checked as the command line is parsed): wide enough for any real
+# job, and each bound what the code can honour (a poll timeout holds its milliseconds in a C int; more
+# FFmpeg threads per video only add start-up; a shard process needs some heap before its first video).
+MAX_WORKERS = 4096
+MAX_SHARDS = 100_000
+MAX_TIMEOUT = 7 * 24 * 3600.0  # seconds
+MAX_RETRIES = 100
+MAX_DECODE_THREADS = 64
+MIN_MEMORY = 256 << 20  # bytes
+
 
 @dataclass(frozen=True)
 class JobOptions:
@@ -18,4 +28,5 @@ class JobOptions:
     progress: bool = True
 
 
-__all__ = ["JobOptions"]
+__all__ = ["MAX_DECODE_THREADS", "MAX_RETRIES", "MAX_SHARDS", "MAX_TIMEOUT", "MAX_WORKERS", "MIN_MEMORY",
+           "JobOptions"]

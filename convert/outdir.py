@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from .format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
+from .format.errors import store_error, storing
 from .format.layout import read_json_file
 from .plan import ConvertConfig, PlanError
 
@@ -48,29 +49,71 @@ def _holder(path: str) -> str:
     return "holder unknown"
 
 
+def _lock(out: str, path: str) -> int:
+    """A descriptor of OUT's lock file holding its exclusive flock, or PlanError naming the holder.
+
+    A job that created OUT and failed before writing anything removes OUT,
+    lock file included (``_remove_if_empty``). A job that opened the lock file
+    just before that would hold a lock on a file no one else sees; so once
+    locked, the path must still name the locked file, or it is opened again.
+    """
+    while True:
+        with storing("creating", out):
+            os.makedirs(out, exist_ok=True)
+        with storing("opening the lock file", path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
+                            f"wait for it to end, or use another OUT") from None
+        except OSError as exc:
+            os.close(fd)
+            raise store_error(exc, "locking", path) from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_if_empty(out: str) -> None:
+    """Remove OUT when it holds nothing but its lock file and empty folders (what a job creates first)."""
+    for dirpath, _, filenames in os.walk(out):
+        if [n for n in filenames if not (dirpath == out and n == LOCK)]:
+            return
+    with contextlib.suppress(OSError):  # best effort: the job's own error is what the user must see
+        os.remove(os.path.join(out, LOCK))
+        for dirpath, _, _ in sorted(os.walk(out), key=lambda w: -len(w[0])):
+            os.rmdir(dirpath)
+
+
 @contextlib.contextmanager
 def hold_out(out: str) -> Iterator[None]:
     """Hold OUT's exclusive lock for the job's lifetime, or raise PlanError naming the holder.
 
     flock belongs to the open file, so the kernel releases it when the holding
     process dies however it dies (kill -9 included): a stale lock file is simply
-    taken over by the next job. The file is never deleted, because a job that
-    opened it just before a delete would lock an inode no one else sees.
+    taken over by the next job. The lock file is deleted only with OUT itself:
+    when this job created OUT and fails before writing anything into it, it
+    leaves no empty OUT behind (still holding the lock while it removes it).
     """
-    os.makedirs(out, exist_ok=True)
+    created = not os.path.lexists(out)
     path = os.path.join(out, LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock(out, path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
-                            f"wait for it to end, or use another OUT") from None
         who = {"host": socket.gethostname(), "pid": os.getpid(),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(who).encode(), 0)
+        with storing("writing the lock file", path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(who).encode(), 0)
         yield
+    except BaseException:
+        if created:
+            _remove_if_empty(out)
+        raise
     finally:
         os.close(fd)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import mmap
 import os
 import resource
 import sys
@@ -34,6 +35,7 @@ from .format import (
     get_backend,
     shard_meta,
 )
+from .format.errors import storing
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
 
@@ -41,6 +43,23 @@ log = logging.getLogger("convert.shard")
 MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame
 
 VALUE_OVERHEAD = 256  # header, key and LMDB node bytes per clip, rounded up
+
+# What the process is doing, as it marks it in a byte its supervisor reads after it died: only a crash
+# while DECODING is evidence against the video; in any other phase (between commands, storing what was
+# decoded) the process died of the machine or of the code, and no video is to blame.
+IDLE, DECODING, STORING = 0, 1, 2
+_phase: mmap.mmap | None = None  # that byte (main maps it)
+
+
+def set_phase(phase: int) -> None:
+    """Mark what this process is doing (``supervise.DECODING``, ``STORING``, ``IDLE``) for its supervisor.
+
+    Only a crash while decoding is taken for the video's: the mark is set
+    around every call into the decoder and cleared whenever a clip goes to
+    the writer, a store in shared memory that costs nothing beside a clip.
+    """
+    if _phase is not None:
+        _phase[0] = phase
 
 
 def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
@@ -50,6 +69,13 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
     first = [decoder]
 
     def produce():
+        try:
+            return (yield from decoded())
+        finally:
+            set_phase(STORING)  # what is left is the writer's: the record, the commit
+
+    def decoded():
+        set_phase(DECODING)
         dec, first[0] = first[0], None
         if dec is None:
             try:
@@ -62,13 +88,16 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
                 for frame in frames_of(item, dec):
                     clip = cutter.push(frame)
                     if clip is not None:
+                        set_phase(STORING)  # the writer encodes and stores the clip until the next one is asked
                         yield clip.index, clip.start_frame, clip.frames
+                        set_phase(DECODING)
                     if cutter.done:
                         break
         except VideoError as exc:
             return (yield from failed_producer(item, str(exc))())
         except MemoryError:
             return (yield from failed_producer(item, "out of memory while decoding (see --max-memory)")())
+        set_phase(STORING)
         n, frames = cutter.emitted, cutter.frames_seen
         record = lambda status, clips, reason="": VideoRecord(  # noqa: E731
             item.id, item.path, item.label, status, clips, frames, reason)
@@ -103,11 +132,13 @@ def estimate_bytes(dec: VideoDecoder, config: ConvertConfig) -> int:
 
 def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, threads: int) -> VideoRecord:
     """Decode, cut and store one video; a video that cannot be opened is recorded as failed."""
+    set_phase(DECODING)  # opening the container and reading its header run FFmpeg's demuxer
     try:
         dec = VideoDecoder(item.path, config.frame_spec(threads))
         estimate = estimate_bytes(dec, config)
     except VideoError:
         dec, estimate = None, 0  # the producer reopens it and records the reason
+    set_phase(STORING)
     return writer.write_video(item.id, item.label, clip_producer(item, config, threads, dec), estimate)
 
 
@@ -142,8 +173,9 @@ def open_or_set_aside(out: str, plan: Plan, index: int, options: Any) -> tuple[S
             raise
         path = plan.shard_path(out, index)
         aside = os.path.join(out, DAMAGED_DIR, f"{os.path.basename(path)}-{time.strftime('%Y%m%dT%H%M%S')}")
-        os.makedirs(os.path.dirname(aside), exist_ok=True)
-        os.rename(path, aside)
+        with storing("moving the damaged shard aside to", aside):
+            os.makedirs(os.path.dirname(aside), exist_ok=True)
+            os.rename(path, aside)
         log.warning("%s; moved aside to %s, its videos are converted again", exc, aside)
         return open_writer(out, plan, index, options), f"{exc}; moved aside to {aside} and converted again"
 
@@ -167,7 +199,10 @@ def install_hook() -> None:
 
 
 def main(argv: list[str]) -> int:
+    global _phase
     out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
+    if opts.get("phase_fd") is not None:
+        _phase = mmap.mmap(opts["phase_fd"], 1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s shard %(process)d %(message)s")
     # Answers go on a private descriptor; anything a library prints lands in the log.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -195,9 +230,11 @@ def main(argv: list[str]) -> int:
                                 "complete": writer.complete_record() is not None, "note": note}) + "\n")
         for line in sys.stdin:
             cmd = json.loads(line)
+            set_phase(STORING)  # every command but a video's decoding is the writer's work
             try:
                 if not answer(cmd, writer, items, plan, opts, proto):
                     break
+                set_phase(IDLE)
             except StoreError as exc:
                 # A full disk or an I/O error says nothing about the video: nothing
                 # of it was committed, and the job stops so a rerun redoes it.

@@ -49,13 +49,13 @@ def print_summary(out: str, result: dict, as_json: bool) -> None:
     st = result["status_counts"]
     tot = result["totals"]
     short = st.get("short", 0) + st.get("padded", 0)
-    failed = st.get("failed", 0) + st.get("partial", 0)
     if result.get("already_complete"):
         print(f"{out}: already complete, nothing to do")
     secs = result.get("seconds", 0.0)
+    # A partial video is not a failed one: its clips before the damage are stored and read.
     print(f"videos: {st.get('ok', 0)} ok, {short} short ({st.get('padded', 0)} padded), "
-          f"{failed} failed ({st.get('partial', 0)} kept partly), {st.get('missing', 0)} missing, "
-          f"{st.get('rejected', 0)} rejected")
+          f"{st.get('partial', 0)} partial (clips kept up to the damage), {st.get('failed', 0)} failed, "
+          f"{st.get('missing', 0)} missing, {st.get('rejected', 0)} rejected")
     print(f"clips:  {tot['clips']} in {len(result['shards'])} {result['backend']} shard(s), codec {result['codec']}, "
           f"shape {_shape_of(result)}, {tot['value_bytes'] / 2**20:.1f} MiB")
     if secs:

@@ -13,15 +13,16 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any, cast
+from typing import Any
 
 from . import forkserver
-from .format import LOG_DIR, PROGRESS_DIR, shard_name
+from .childproc import LineProcess, use_forkserver
+from .format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
+from .format.errors import storing
+from .shard_worker import DECODING
 
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
                "MALLOC_TOP_PAD_": str(64 << 20)}
@@ -108,77 +109,59 @@ def shard_env() -> dict[str, str]:
     return env
 
 
-def _use_forkserver() -> bool:
-    """CONVERT_FORKSERVER=0 starts every shard process afresh (to compare, or to rule the server out)."""
-    return os.environ.get("CONVERT_FORKSERVER", "1") != "0" and forkserver.available()
-
-
 def prestart() -> None:
     """Start the fork server now, so that its imports overlap the job's planning."""
-    if _use_forkserver():
+    if use_forkserver():
         forkserver.prestart(shard_env())
 
 
-class _Child:
+def _phase_memory() -> int | None:
+    """A one-byte memory file the shard process marks its phase in (``shard_worker.set_phase``); None without
+    memfd (not Linux), where a signal death while converting a video is taken for its decoder's, as before."""
+    try:
+        fd = os.memfd_create("convert-shard-phase", getattr(os, "MFD_CLOEXEC", 0))
+    except (AttributeError, OSError):
+        return None
+    os.ftruncate(fd, 1)
+    return fd
+
+
+class _Child(LineProcess):
     """The shard process and its line protocol."""
 
     def __init__(self, out: str, index: int, opts: ShardOptions) -> None:
-        os.makedirs(os.path.join(out, LOG_DIR), exist_ok=True)
-        self.log_path = os.path.join(out, LOG_DIR, shard_name(index) + ".log")
-        log = open(self.log_path, "ab")
+        logs = os.path.join(out, LOG_DIR)
+        self.log_path = os.path.join(logs, shard_name(index) + ".log")
+        with storing("opening the shard's log", self.log_path):
+            os.makedirs(logs, exist_ok=True)
+            log = open(self.log_path, "ab")
         self._log_start = log.tell()  # this process's part of the log starts here
-        env = shard_env()
         args = {"threads": opts.threads, "store": dataclasses.asdict(opts.store) if opts.store is not None else None,
                 "max_memory": opts.max_memory}
-        argv = [out, str(index), json.dumps(args)]
-        # Forked from a server that has imported everything already: a fork
-        # instead of an interpreter's start-up per shard (see convert.forkserver).
-        proc = forkserver.spawn(argv, env=env, stderr=log.fileno()) if _use_forkserver() else None
-        self.proc = proc or subprocess.Popen([sys.executable, "-m", "convert.shard_worker", *argv],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env)
-        log.close()
-        # Both ways of starting it give the process pipes for stdin and stdout.
-        self.stdin = cast(IO[bytes], self.proc.stdin)
-        self.stdout = cast(IO[bytes], self.proc.stdout)
-        self._buf = b""
+        self._phase = _phase_memory()
+        keep = () if self._phase is None else (self._phase,)
 
-    def send(self, obj: dict) -> None:
+        def argv(fds: list[int]) -> list[str]:
+            return [out, str(index), json.dumps({**args, "phase_fd": fds[0] if fds else None})]
+
         try:
-            self.stdin.write((json.dumps(obj) + "\n").encode())
-            self.stdin.flush()
-        except BrokenPipeError:
-            pass  # the process has died: the next read sees its end and asks why
+            super().__init__(module="convert.shard_worker", argv=argv, env=shard_env(), stderr=log.fileno(),
+                             keep=keep)
+        except BaseException:
+            if self._phase is not None:
+                os.close(self._phase)
+            raise
+        finally:
+            log.close()
 
-    def read(self, timeout: float | None) -> dict | None:
-        """The next answer; None when the process died; TimeoutError when it hangs."""
-        fd = self.stdout.fileno()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not forkserver.readable(fd, wait):
-                raise TimeoutError
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def kill(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        return self.proc.wait()
-
-    def reap(self, grace: float = 10.0) -> int | None:
-        """Exit status of a process whose pipe has closed: it may still be exiting.
-
-        Killing it at once would report our own SIGKILL (and "out of memory?")
-        for a process that was ending with an error of its own.
-        """
+    def phase(self) -> int:
+        """The phase the process last marked (``shard_worker.DECODING`` ...); DECODING when it cannot say."""
+        if self._phase is None:
+            return DECODING
         try:
-            return self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            return self.kill()
+            return os.pread(self._phase, 1, 0)[0]
+        except (OSError, IndexError):
+            return DECODING
 
     def failure(self, rc: int | None) -> str:
         """Why the process ended: the last error its log shows, else its exit status or signal."""
@@ -191,11 +174,10 @@ class _Child:
         return cause or describe_exit(rc, "shard process")
 
     def close(self) -> None:
-        for stream in (self.stdin, self.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        super().close()
+        if self._phase is not None:
+            os.close(self._phase)
+            self._phase = None
 
 
 class _Progress:
@@ -211,7 +193,8 @@ class _Progress:
 
     def __init__(self, out: str, index: int, total: int) -> None:
         self.path = os.path.join(out, PROGRESS_DIR, shard_name(index) + ".json")
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with storing("creating", os.path.dirname(self.path)):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.state = {"total": total, "done": 0, "new": 0, "clips": 0, "frames": 0}
         self._last = 0.0
 
@@ -230,10 +213,26 @@ class _Progress:
         now = time.monotonic()
         if force or now - self._last > 0.25:
             tmp = f"{self.path}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(self.state, fh)
-            os.replace(tmp, self.path)
+            with storing("writing", tmp):
+                with open(tmp, "w") as fh:
+                    json.dump(self.state, fh)
+                os.replace(tmp, self.path)
             self._last = now
+
+
+def decoder_crash(rc: int | None, phase: int) -> bool:
+    """Whether a shard process that ended with ``rc`` in ``phase`` died of the video it was decoding.
+
+    Only a signal death while decoding is (FFmpeg's SIGSEGV, the OOM
+    killer's SIGKILL, a SIGABRT); a Python exception escaping the process
+    (status 1, its traceback in the log) is this package's or the machine's,
+    and a signal that stops jobs from outside (SIGINT, SIGTERM, SIGHUP) says
+    nothing about the video.
+    """
+    return rc is not None and rc < 0 and -rc not in _STOP_SIGNALS and phase == DECODING
+
+
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
@@ -244,7 +243,23 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
     videos to convert again although the shard has a record of them (their
     record, recorded as failed, is dropped just before the new attempt). The
     summary adds ``new_videos`` and ``new_clips``: what this run converted.
+
+    A failure of the machine on this side (the shard's log or progress file
+    cannot be written, no process can be started) is a ``MachineError`` too.
     """
+    try:
+        return _run_shard(out, index, n_items, opts, retry)
+    except StoreError as exc:
+        raise _machine_error(out, index, str(exc)) from None
+
+
+def _machine_error(out: str, index: int, cause: str, video: str | None = None) -> MachineError:
+    what = f"nothing was recorded for {video}; " if video else ""
+    return MachineError(f"{shard_name(index)}: {cause}; {what}free space on {out}'s device (or fix it) and run "
+                        f"the same command again: it goes on where this run stopped")
+
+
+def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int]) -> dict:
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
 
@@ -258,9 +273,7 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
                            f"see {child.log_path}")
 
     def stop_for_machine(cause: str, video: str | None = None) -> MachineError:
-        what = f"nothing was recorded for {video}; " if video else ""
-        return MachineError(f"{shard_name(index)}: {cause}; {what}free space on {out}'s device (or fix it) and run "
-                            f"the same command again: it goes on where this run stopped")
+        return _machine_error(out, index, cause, video)
 
     def checked(child: _Child, reply: dict | None) -> dict | None:
         if reply is not None and "machine" in reply:
@@ -270,7 +283,12 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
         return reply
 
     def start() -> tuple[_Child, dict]:
-        child = _Child(out, index, opts)
+        try:
+            child = _Child(out, index, opts)
+        except StoreError:
+            raise
+        except OSError as exc:  # no pipe, no process: out of descriptors or memory
+            raise stop_for_machine(f"cannot start the shard process ({exc.strerror or exc})") from None
         hello = checked(child, child.read(timeout=120))
         if hello is None:
             raise fail(child, "starting")
@@ -307,6 +325,7 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
             pos += 1
             continue
         child.send({"op": "retry" if i in again else "video", "index": i})
+        video = f"video number {i} of the shard's plan"
         try:
             reply = checked(child, child.read(opts.video_timeout))
             if reply is None:
@@ -314,10 +333,23 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
                 machine = machine_cause(out, rc)
                 if machine:
                     child.close()
-                    raise stop_for_machine(machine, f"video number {i} of the shard's plan")
+                    raise stop_for_machine(machine, video)
+                if not decoder_crash(rc, child.phase()):
+                    # No evidence against the video: stop, record nothing, let a rerun redo it.
+                    child.close()
+                    raise ShardFailed(f"{shard_name(index)}: shard process died while converting {video}, "
+                                      f"not in its decoder: {child.failure(rc)}; nothing was recorded for it; "
+                                      f"see {child.log_path}")
                 reasons[i] = describe_exit(rc)
         except TimeoutError:
+            stuck = child.phase()
             child.kill()
+            if stuck != DECODING:
+                child.close()
+                raise ShardFailed(f"{shard_name(index)}: shard process gave no result within the "
+                                  f"{opts.video_timeout:g}s per-video timeout while storing {video} (not "
+                                  f"decoding it: the store hangs?); nothing was recorded for it; see "
+                                  f"{child.log_path}") from None
             reply, reasons[i] = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
         if reply is not None:
             again.discard(i)

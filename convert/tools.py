@@ -7,9 +7,10 @@ import sys
 
 import numpy as np
 
-from .argtypes import OneLineParser
-from .format import FormatError, Manifest, open_clips, read_manifest
+from .argtypes import OneLineParser, number, whole
+from .format import WRITE_CODECS, FormatError, Manifest, open_clips, read_manifest
 from .format.verify import verify
+from .options import MAX_WORKERS
 from .summary import describe_shape, print_summary
 
 
@@ -39,6 +40,17 @@ def inspect_summary(out: str) -> dict:
         "codec_ratio": (raw_per_clip / stored_per_clip) if raw_per_clip else None,
         "status_counts": m.status_counts,
     }
+
+
+def describe_ratio(codec: str, ratio: float | None) -> str:
+    """How the stored clips compare with raw ones, as ``inspect`` says it after the bytes per clip.
+
+    Raw clips are the raw bytes (plus a header): no ratio to speak of. A codec that made clips larger
+    (JPEG of noise) says so rather than "0.8x smaller".
+    """
+    if codec == "raw" or not ratio:
+        return ", uncompressed" if codec == "raw" else ""
+    return f", {ratio:.2f}x smaller than raw" if ratio >= 1 else f", {1 / ratio:.2f}x larger than raw"
 
 
 def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: int = 0) -> str:
@@ -136,7 +148,7 @@ def main(argv: list[str]) -> int:
         p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
         p.add_argument("out", metavar="OUT")
         p.add_argument("--sheet", metavar="FILE.png", help="write a contact sheet of sample clips")
-        p.add_argument("--rows", type=int, default=8, help="clips on the sheet")
+        p.add_argument("--rows", type=whole(1, 1000), default=8, help="clips on the sheet")
         args = p.parse_args(rest)
         manifest = _usable_out("inspect", args.out)
         if manifest is None:
@@ -156,8 +168,7 @@ def main(argv: list[str]) -> int:
         shape = describe_shape(data.clip_shape, data.clip.clip_len, data.frame_size.short_side)
         print(f"{s['root']}: {s['clips']} clips of shape {shape} from {s['videos_with_clips']} "
               f"videos, codec {s['codec']}")
-        ratio = f", {s['codec_ratio']:.2f}x smaller than raw" if s["codec_ratio"] else ""
-        print(f"bytes per clip: {s['bytes_per_clip']:.0f}{ratio}")
+        print(f"bytes per clip: {s['bytes_per_clip']:.0f}{describe_ratio(s['codec'], s['codec_ratio'])}")
         cpv = s["clips_per_video"]
         print(f"clips per video: min {cpv['min']}, mean {cpv['mean']:.1f}, max {cpv['max']}")
         print("clips per class:")
@@ -170,10 +181,12 @@ def main(argv: list[str]) -> int:
     if cmd == "demo":
         p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
         p.add_argument("--out", default="demo_out", help="folder for videos, shards and the contact sheet")
-        p.add_argument("--per-class", type=int, default=16, help="training videos per class")
-        p.add_argument("--seconds", type=float, default=2.0, help="approximate length of each video")
-        p.add_argument("--workers", type=int, default=0, help="parallel shard processes (default: every core)")
-        p.add_argument("--codec", default="raw", help="clip codec")
+        p.add_argument("--per-class", type=whole(1, 10_000), default=16, help="training videos per class")
+        p.add_argument("--seconds", type=number(0, 600, "of seconds", above=True), default=2.0,
+                       help="approximate length of each video")
+        p.add_argument("--workers", type=whole(0, MAX_WORKERS), default=0,
+                       help="parallel shard processes (default: every core)")
+        p.add_argument("--codec", default="raw", choices=list(WRITE_CODECS), help="clip codec")
         args = p.parse_args(rest)
         return demo(args.out, per_class=args.per_class, seconds=args.seconds, workers=args.workers, codec=args.codec)
     raise AssertionError(cmd)  # pragma: no cover - cli routes only known names

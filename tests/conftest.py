@@ -65,12 +65,22 @@ TINY = {"a": ["mmaction2__part_0.mp4", "mmcv__test.mp4"], "b": ["moviepy__big_bu
                                                                  "mmaction2__test.avi"]}
 
 
-@pytest.fixture()
-def tiny_tree(tmp_path, videos) -> str:
-    """Class folders of symlinks to four of the shared videos (read in place); per test, so tests may add to it."""
-    root = tmp_path / "src"
+def _tiny(root, videos: VideoSet) -> str:
     for cls, names in TINY.items():
         (root / cls).mkdir(parents=True)
         for name in names:
             os.symlink(videos.path(name), root / cls / name)
     return str(root)
+
+
+@pytest.fixture()
+def tiny_tree(tmp_path, videos) -> str:
+    """Class folders of symlinks to four of the shared videos (read in place); per test, so tests may add to it."""
+    return _tiny(tmp_path / "src", videos)
+
+
+@pytest.fixture()
+def tiny_synthetic_tree(tmp_path, stand_in_videos) -> str:
+    """``tiny_tree`` of the synthetic stand-ins only: for tests of the job's machinery, which no video's
+    footage changes (each runs once, not once per tier)."""
+    return _tiny(tmp_path / "src", VideoSet("synthetic", stand_in_videos))

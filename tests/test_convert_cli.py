@@ -103,3 +103,90 @@ def test_verify_and_inspect_agree_on_exit_status(converted, tmp_path, cmd):
     assert r.returncode == 1 and name in r.stderr
     assert "Exit status: 0 sound; 1 OUT is a conversion but reading it failed or found problems" in \
         " ".join(run_cli(cmd, "--help").stdout.split())
+
+
+# (arguments, the flag the one-line error names): every numeric option, hostile values (issue 19, point 10)
+HOSTILE = [
+    (["--video-timeout", "nan"], "--video-timeout"), (["--video-timeout", "inf"], "--video-timeout"),
+    (["--video-timeout", "0"], "--video-timeout"), (["--video-timeout", "1e300"], "--video-timeout"),
+    (["--decode-threads", "100000"], "--decode-threads"), (["--decode-threads", "-1"], "--decode-threads"),
+    (["--map-size", "0"], "--map-size"), (["--map-size", "1x"], "--map-size"),
+    (["--map-size", "9" * 40 + "T"], "--map-size"),
+    (["--backend", "tfrecord", "--part-size", "0"], "--part-size"),
+    (["--max-memory", "0"], "--max-memory"), (["--max-memory", "9" * 400], "--max-memory"),
+    (["--workers", "-1"], "--workers"), (["--workers", "100000"], "--workers"),
+    (["--shards", "0"], "--shards"), (["--shards", "10000000000"], "--shards"),
+    (["--retries", "-1"], "--retries"), (["--retries", "1e9"], "--retries"),
+    (["--clip-len", "0"], "--clip-len"), (["--clip-len", "²"], "--clip-len"), (["--clip-len", "70000"], "--clip-len"),
+    (["--stride", "0"], "--stride"), (["--step", "-3"], "--step"), (["--max-clips", "0"], "--max-clips"),
+    (["--fps", "nan"], "--fps"), (["--fps", "-inf"], "--fps"), (["--fps", "0"], "--fps"),
+    (["--size", "0x0"], "--size"), (["--size", "128x99999"], "--size"),
+]
+
+
+@pytest.mark.parametrize("args, flag", HOSTILE, ids=[" ".join(a) for a, _ in HOSTILE])
+def test_every_numeric_option_is_checked_as_it_is_parsed(tmp_path, args, flag):
+    new_out = str(tmp_path / "new")
+    r = run_cli(str(tmp_path), new_out, "--no-progress", *args)  # refused before SRC is read
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"python -m convert: error: argument {flag}: "), r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(new_out)
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["inspect", "OUT", "--rows", "0"], "--rows"), (["demo", "--per-class", "-1"], "--per-class"),
+    (["demo", "--seconds", "nan"], "--seconds"), (["demo", "--seconds", "inf"], "--seconds"),
+    (["demo", "--workers", "-2"], "--workers"), (["demo", "--codec", "zip"], "--codec"),
+])
+def test_the_sub_commands_check_their_numbers_as_they_are_parsed(tmp_path, args, flag):
+    demo_out = str(tmp_path / "demo")
+    r = run_cli(*[{"OUT": str(tmp_path)}.get(a, a) for a in args], *(["--out", demo_out] if args[0] == "demo" else []))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and f"error: argument {flag}: " in r.stderr, r.stderr
+    assert not os.path.exists(demo_out)
+
+
+def test_the_summary_counts_a_partial_video_as_partial_not_failed(tmp_path, capsys):
+    result = {"status_counts": {"ok": 4, "partial": 1, "failed": 2, "short": 1}, "shards": [{}], "backend": "lmdb",
+              "totals": {"clips": 20, "value_bytes": 0, "videos": 8}, "codec": "raw", "clip_shape": [16, 8, 8, 3]}
+    print_summary(str(tmp_path), result, False)
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "videos: 4 ok, 1 short (0 padded), 1 partial (clips kept up to the damage), 2 failed, 0 missing, 0 rejected")
+
+
+def test_inspect_says_raw_clips_are_uncompressed_and_a_larger_codec_larger(converted):
+    from convert.tools import describe_ratio
+
+    _, out, _ = converted
+    r = run_cli("inspect", out)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("bytes per clip: ")]
+    assert line.endswith(", uncompressed") and "smaller" not in line  # before: "1.00x smaller than raw"
+    assert describe_ratio("lz4", 1.25) == ", 1.25x smaller than raw"
+    assert describe_ratio("jpeg", 0.8) == ", 1.25x larger than raw"
+
+
+def test_a_job_that_fails_before_writing_anything_leaves_no_out_it_created(tmp_path, stand_in_videos):
+    """A device with inodes for OUT and its lock only: the plan cannot be written. The job stops (status 1,
+    naming the file) and removes the OUT it created (before: an empty OUT with a lock file and shards/)."""
+    import subprocess
+
+    from .conftest import TINY
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    os.symlink(os.path.join(stand_in_videos, TINY["a"][0]), src / "a" / "x.mp4")
+    disk = str(tmp_path / "disk")
+    os.makedirs(disk)
+    # the root, OUT, its lock and shards/: no inode left for the plan
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m,nr_inodes=4", "tmpfs", disk], check=True, timeout=30)
+    try:
+        out = os.path.join(disk, "out")
+        r = run_cli(str(src), out, "--no-progress")
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith(f"convert: error: no space left for {out}/plan.json.tmp.") and \
+            r.stderr.count("\n") == 1, r.stderr
+        assert not os.path.exists(out)
+        assert run_cli(str(src), str(tmp_path / "fine"), "--no-progress").returncode == 0  # the source was fine
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True)

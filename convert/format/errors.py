@@ -41,13 +41,25 @@ class StoreFullError(StoreError):
 def store_error(exc: OSError, what: str, path: str) -> StoreError:
     """The machine error for ``exc`` raised while ``what`` (e.g. "writing shard") ``path``: one line naming both."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        try:
-            free = f"{shutil.disk_usage(os.path.dirname(path) or '.').free} bytes"
-        except OSError:
-            free = "no"
         return StoreFullError(exc.errno, f"no space left for {path}: {what} failed ({exc.strerror}); "
-                                         f"the device has {free} free")
+                                         f"the device has {_free(os.path.dirname(path) or '.')}")
     return StoreError(exc.errno, f"{what} {path} failed: {exc.strerror or exc}")
+
+
+def _free(folder: str) -> str:
+    """What the device of ``folder`` has left, as the message of a full device says it.
+
+    A device can be full of files rather than bytes (every inode used, as on a
+    tmpfs with a small ``nr_inodes``): then it says so, rather than "N bytes free".
+    """
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return "no space free"
+    free = f"{shutil.disk_usage(folder).free} bytes free"
+    if st.f_files and not st.f_favail:
+        return f"no free inodes (no room for another file) and {free}"
+    return free
 
 
 @contextlib.contextmanager
@@ -66,4 +78,20 @@ def storing(what: str, path: str) -> Iterator[None]:
         raise store_error(exc, what, path) from None
 
 
-__all__ = ["FormatError", "ShardDamaged", "ShardMissing", "StoreError", "StoreFullError", "store_error", "storing"]
+def make_folder(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` for a writer: a failure of the machine is its ``StoreError``.
+
+    A file where the folder belongs (FileExistsError) is no failure of the
+    machine but of what OUT holds: it stays the OSError it is, naming the path,
+    and the process that meets it reports it as such.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise store_error(exc, "creating", path) from None
+
+
+__all__ = ["FormatError", "ShardDamaged", "ShardMissing", "StoreError", "StoreFullError", "make_folder", "store_error",
+           "storing"]

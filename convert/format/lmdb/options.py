@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from ..base import option
@@ -19,7 +20,7 @@ class LmdbOptions:
 
     def __post_init__(self) -> None:
         if self.map_size is not None and (isinstance(self.map_size, bool) or not isinstance(self.map_size, int)
-                                          or self.map_size < 1):
-            raise ValueError(f"map_size must be an integer >= 1 byte, got {self.map_size!r}")
+                                          or not 1 <= self.map_size <= sys.maxsize):
+            raise ValueError(f"map_size must be an integer of 1..{sys.maxsize} bytes, got {self.map_size!r}")
         if not isinstance(self.compact, bool):
             raise ValueError(f"compact must be True or False, got {self.compact!r}")

@@ -7,17 +7,19 @@ either wholly in the shard or wholly absent; a restart skips what is done.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from typing import Concatenate, ParamSpec, TypeVar
 
 import lmdb
 import numpy as np
 
 from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
-from ..errors import ShardDamaged, StoreError, StoreFullError, store_error, storing
+from ..errors import ShardDamaged, StoreError, StoreFullError, make_folder, store_error, storing
 from ..layout import header_len
 from ..records import VideoRecord
 from .common import (
@@ -47,6 +49,32 @@ MAX_GROWTHS = 40
 MAX_KEY_BYTES = 511  # LMDB's key size limit in its default build (mdb_env_get_maxkeysize)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _machine(what: str) -> Callable[[Callable[Concatenate[LmdbWriter, P], R]],
+                                    Callable[Concatenate[LmdbWriter, P], R]]:
+    """A writer method whose LMDB or OS failure is the ``StoreError`` naming the shard and ``what`` failed.
+
+    Every method that touches the environment or its files wears it, so no
+    failure of the machine leaves the shard process as a bare exception.
+    """
+    def wrap(method: Callable[Concatenate[LmdbWriter, P], R]) -> Callable[Concatenate[LmdbWriter, P], R]:
+        @functools.wraps(method)
+        def inner(self: LmdbWriter, *args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return method(self, *args, **kwargs)
+            except StoreError:
+                raise
+            except lmdb.Error as exc:
+                raise StoreError(f"{self.path}: {what}: LMDB failed: {exc}") from exc
+            except OSError as exc:
+                raise store_error(exc, what, self.path) from None
+        return inner
+    return wrap
+
+
 class LmdbWriter(ShardWriter):
     """Writes ``<path>/data.mdb``; the map grows on demand and never loses a clip."""
 
@@ -54,9 +82,19 @@ class LmdbWriter(ShardWriter):
 
     def __init__(self, *, path: str, codec: str, meta: dict, options: LmdbOptions | None = None) -> None:
         super().__init__(path=path, codec=codec, meta=meta, options=options)
-        self.options = options = options or LmdbOptions()
         self._recover_compaction()
-        os.makedirs(path, exist_ok=True)
+        make_folder(path)
+        try:
+            self._open(options or LmdbOptions())
+        except BaseException:
+            if getattr(self, "env", None) is not None:
+                self.env.close()  # a writer that failed to open holds nothing open
+            raise
+
+    @_machine("opening")
+    def _open(self, options: LmdbOptions) -> None:
+        path = self.path
+        self.options = options
         if os.path.exists(os.path.join(path, DATA_FILE)):
             # A damaged file (truncated, not LMDB) must fail here with its
             # cause: writing into it could SIGBUS on pages past its end.
@@ -85,7 +123,7 @@ class LmdbWriter(ShardWriter):
         with self._write("storing the shard's metadata") as txn:
             stored = txn.get(SHARD_KEY)
             if stored is None:
-                txn.put(SHARD_KEY, json.dumps(meta, sort_keys=True).encode())
+                txn.put(SHARD_KEY, json.dumps(self.meta, sort_keys=True).encode())
             else:
                 self.check_meta(json.loads(bytes(stored)))
 
@@ -114,14 +152,15 @@ class LmdbWriter(ShardWriter):
         except OSError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                 return  # the filesystem cannot reserve; writes may still fail late
-            err = store_error(exc, "reserving space for", self.path)
+            err = store_error(exc, "reserving space in", data)
             if isinstance(err, StoreFullError):
                 free = shutil.disk_usage(self.path).free
                 raise StoreFullError(exc.errno, f"no space left for shard {self.path}: it needs "
                                      f"{size - self._reserved} more bytes, the device has {free} bytes free") from None
             raise err from None
         finally:
-            os.close(fd)
+            with storing("closing", data):
+                os.close(fd)
         self._reserved = size
 
     def _recover_compaction(self) -> None:
@@ -134,6 +173,7 @@ class LmdbWriter(ShardWriter):
                 if os.path.exists(leftover) and os.path.exists(self.path):
                     shutil.rmtree(leftover)
 
+    @_machine("growing the map of")
     def _grow(self, need: int) -> None:
         if self.growths >= MAX_GROWTHS:
             raise StoreError(f"{self.path}: LMDB map still full after {MAX_GROWTHS} growths")
@@ -152,11 +192,13 @@ class LmdbWriter(ShardWriter):
     def _file_size(self) -> int:
         return os.path.getsize(os.path.join(self.path, DATA_FILE))
 
+    @_machine("reading the records of")
     def done_records(self) -> dict[str, VideoRecord]:
         with self.env.begin(buffers=True) as txn:
             recs = read_records(txn, self.path, self._file_size())
         return {r.video_id: r for r in recs}
 
+    @_machine("writing shard")
     def write_video(self, video_id: str, label: int, produce: Callable[[], ClipProducer],
                     estimate_bytes: int) -> VideoRecord:
         need = int(estimate_bytes * HEADROOM) + (1 << 16)
@@ -194,6 +236,7 @@ class LmdbWriter(ShardWriter):
                 gen.close()
                 raise
 
+    @_machine("forgetting a video in")
     def forget_video(self, video_id: str) -> None:
         with self._write(f"forgetting {video_id} in") as txn:
             txn.delete(COMPLETE_KEY)
@@ -204,11 +247,13 @@ class LmdbWriter(ShardWriter):
                 if key[len(prefix):].isdigit():  # not a clip of an id that merely starts the same
                     txn.delete(key)
 
+    @_machine("reading the summary of")
     def complete_record(self) -> dict | None:
         with self.env.begin() as txn:
             raw = txn.get(COMPLETE_KEY)
         return json.loads(raw) if raw is not None else None
 
+    @_machine("summarising")
     def summarize(self) -> tuple[dict, list[str]]:
         """Counts, value bytes and the content checksum from what the shard holds; and its storage order.
 
@@ -243,6 +288,7 @@ class LmdbWriter(ShardWriter):
         order = sorted(first_at, key=where)
         return dict(zip(SUMMARY_KEYS, (len(records), held, value_bytes, sha))), order
 
+    @_machine("finishing")
     def finish(self) -> dict:
         summary = self.complete_record()
         if summary is None:
@@ -276,6 +322,7 @@ class LmdbWriter(ShardWriter):
         self.env = lmdb.open(self.path, map_size=used, subdir=True, readonly=True, lock=False,
                              readahead=False, max_dbs=0)
 
+    @_machine("compacting")
     def compact(self) -> None:
         """Rewrite the environment without free pages so disk use matches the data."""
         tmp, old = self.path + ".compact", self.path + ".old"
@@ -292,6 +339,7 @@ class LmdbWriter(ShardWriter):
             shutil.rmtree(old)
         self.env = lmdb.open(self.path, subdir=True, readahead=False, max_dbs=0)
 
+    @_machine("closing")
     def close(self) -> None:
         self.env.close()
 

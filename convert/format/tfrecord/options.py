@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from ..base import option
@@ -16,5 +17,6 @@ class TFRecordOptions:
                                   "size (default 256M)")
 
     def __post_init__(self) -> None:
-        if isinstance(self.part_bytes, bool) or not isinstance(self.part_bytes, int) or self.part_bytes < 1:
-            raise ValueError(f"part_bytes must be an integer >= 1 byte, got {self.part_bytes!r}")
+        if isinstance(self.part_bytes, bool) or not isinstance(self.part_bytes, int) \
+                or not 1 <= self.part_bytes <= sys.maxsize:
+            raise ValueError(f"part_bytes must be an integer of 1..{sys.maxsize} bytes, got {self.part_bytes!r}")

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
-from ..errors import FormatError, ShardDamaged, StoreError, storing
+from ..errors import FormatError, ShardDamaged, StoreError, make_folder, storing
 from ..layout import read_json_file, unpack_header, write_json_atomic
 from ..parts import PartLog, fsync_path, latest_records
 from ..records import VideoRecord
@@ -62,12 +62,13 @@ class TFRecordWriter(ShardWriter):
     def __init__(self, *, path: str, codec: str, meta: dict, options: TFRecordOptions | None = None) -> None:
         super().__init__(path=path, codec=codec, meta=meta, options=options)
         self.options = options or TFRecordOptions()
-        os.makedirs(path, exist_ok=True)
+        make_folder(path)
         self._log = PartLog(path)
         meta_path = os.path.join(path, META_FILE)
         try:
             stored = read_json_file(meta_path, "shard metadata") if os.path.lexists(meta_path) else None
-            self._parts = self._log.committed()
+            with storing("listing the parts of", path):
+                self._parts = self._log.committed()
             self._done = {vid: rec for vid, (rec, _, _) in latest_records(self._parts, path).items()}
         except FormatError as exc:
             raise ShardDamaged(f"{path}: cannot be opened: {exc}") from exc
@@ -75,7 +76,8 @@ class TFRecordWriter(ShardWriter):
             write_json_atomic(meta_path, meta, sync=False, sort_keys=True)
         else:
             self.check_meta(stored)
-        self._log.discard_uncommitted(self._parts)  # an unfinished part: its videos are converted again
+        with storing("listing the parts of", path):
+            self._log.discard_uncommitted(self._parts)  # an unfinished part: its videos are converted again
         self._open: _OpenPart | None = None
 
     def done_records(self) -> dict[str, VideoRecord]:
@@ -164,8 +166,15 @@ class TFRecordWriter(ShardWriter):
         # Durable before the summary says so (parts were not synced one by one:
         # kill -9 leaves the page cache intact, and only a machine crash
         # could lose them, which a rerun redoes).
-        for name in sorted(os.listdir(self.path)):
+        with storing("listing the parts of", self.path):
+            names = sorted(os.listdir(self.path))
+        for name in names:
             fsync_path(os.path.join(self.path, name))
+        with storing("reading back", self.path):
+            return self._summarize()
+
+    def _summarize(self) -> dict:
+        """Count, sum and checksum what the shard holds, read back as a reader sees it; write the summary."""
         reader = TFRecordReader(self.path)
         try:
             records = reader.records()

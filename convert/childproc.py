@@ -1,0 +1,115 @@
+"""A child process of this package that takes JSON commands on stdin and answers each with one JSON line.
+
+The shard processes (``convert.shard_worker``) and the space check's probe
+process (``convert.probe``) are both such children: forked from the fork
+server where it runs (``convert.forkserver``), else started the ordinary way,
+watched through their answers with a timeout, killed when they hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, cast
+
+from . import forkserver
+
+
+def use_forkserver() -> bool:
+    """CONVERT_FORKSERVER=0 starts every child afresh (to compare, or to rule the server out)."""
+    return os.environ.get("CONVERT_FORKSERVER", "1") != "0" and forkserver.available()
+
+
+class LineProcess:
+    """``python -m MODULE ARGV`` with pipes for its commands and answers.
+
+    ``argv`` is called with the numbers the descriptors ``keep`` will have in
+    the child (the fork server numbers them from 3, ``pass_fds`` keeps them
+    as they are), so the arguments can tell the child where they are.
+    OSError when no process can be started (no descriptors or memory left).
+    """
+
+    def __init__(self, *, module: str, argv: Callable[[list[int]], list[str]], env: dict[str, str], stderr: int,
+                 keep: Sequence[int] = ()) -> None:
+        keep = tuple(keep)
+        # Forked from a server that has imported everything already: a fork
+        # instead of an interpreter's start-up per child (see convert.forkserver).
+        proc = (forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,
+                                 module=module) if use_forkserver() else None)
+        self.proc = proc or subprocess.Popen([sys.executable, "-m", module, *argv(list(keep))],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
+                                             pass_fds=keep)
+        # Both ways of starting it give the process pipes for stdin and stdout.
+        self.stdin = cast(IO[bytes], self.proc.stdin)
+        self.stdout = cast(IO[bytes], self.proc.stdout)
+        self._buf = b""
+        _live.add(self)
+
+    def send(self, obj: dict) -> None:
+        try:
+            self.stdin.write((json.dumps(obj) + "\n").encode())
+            self.stdin.flush()
+        except BrokenPipeError:
+            pass  # the process has died: the next read sees its end and asks why
+
+    def read(self, timeout: float | None) -> dict | None:
+        """The next answer; None when the process died; TimeoutError when it hangs."""
+        fd = self.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not forkserver.readable(fd, wait):
+                raise TimeoutError
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    def reap(self, grace: float = 10.0) -> int | None:
+        """Exit status of a process whose pipe has closed: it may still be exiting.
+
+        Killing it at once would report our own SIGKILL (and "out of memory?")
+        for a process that was ending with an error of its own.
+        """
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return self.kill()
+
+    def close(self) -> None:
+        _live.discard(self)
+        for stream in (self.stdin, self.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+_live: set[LineProcess] = set()  # started and not closed yet
+
+
+def kill_all() -> None:
+    """Kill every child this process still runs: the job is being stopped (``convert.cli``'s signal handling).
+
+    Safe for the data at any moment: a shard process commits each video
+    atomically, so a killed one leaves the video for a rerun, as kill -9 does.
+    """
+    for child in list(_live):
+        try:
+            child.proc.kill()
+        except OSError:
+            pass  # already gone
+
+
+__all__ = ["LineProcess", "kill_all", "use_forkserver"]
