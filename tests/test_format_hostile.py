@@ -284,9 +284,10 @@ def one_shard(synth_videos, tmp_path_factory):  # noqa: F811
 def test_damaged_lmdb_meta_pages_and_trees_give_one_line_errors_everywhere(one_shard, tmp_path):
     """Bytes flipped in both meta pages and across the tree's pages: each reader (plain, Dataset, reader
     threads, verify; DataLoader workers and DALI's source route read through the same shard readers, and
-    their damaged-value tests are in test_loaders_errors and test_loaders_dali) reads on, reports problems, or raises one FormatError naming the shard; none lets an
-    lmdb exception, KeyError or TypeError through. A child that dies by a signal (a page pointing past the
-    file can crash LMDB itself) is counted apart: that is verify's isolation's business, not a leak."""
+    their damaged-value tests are in test_loaders_errors and test_loaders_dali) reads on, reports problems,
+    or raises one FormatError naming the shard; none lets an lmdb exception, KeyError or TypeError through.
+    A child that dies by a signal (a page pointing past the file can crash LMDB itself) is counted apart:
+    that is verify's isolation's business, not a leak."""
     data = os.path.join(one_shard, "shards", "shard-00000", "data.mdb")
     size = os.path.getsize(data)
     page = 4096
