@@ -42,6 +42,7 @@ import pickle
 import random
 import re
 import shutil
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -199,12 +200,13 @@ def remove_run(out: str) -> list[str]:
 
 
 def _on_cpu(obj: Any) -> Any:
-    """``obj`` with every tensor in it on the CPU (what is hashed and saved, copied from a GPU once)."""
+    """``obj`` with every tensor in its dicts, lists and tuples on the CPU (what is hashed and saved, copied from
+    a GPU once); other containers are left as they are (``_feed`` and ``torch.save`` copy their tensors)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
-    if isinstance(obj, dict):
+    if type(obj) in (dict, OrderedDict):
         return type(obj)((k, _on_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
+    if type(obj) in (list, tuple):
         return type(obj)(_on_cpu(v) for v in obj)
     return obj
 
