@@ -218,6 +218,20 @@ def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: st
     if diffs:
         raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use another OUT or the "
                         f"same options")
-    if existing.source.get("path") != source_info.get("path"):
-        raise PlanError(f"{out}: was converted from {existing.source.get('path')}, not {source_info.get('path')}; "
-                        f"use another OUT")
+    # The plan's videos are absolute paths, so a rerun from another working directory, or naming the source
+    # by another path to the same place, finds them; one whose source is another place is refused.
+    for key, what in (("path", "SRC"), ("videos", "--videos")):
+        was, now = existing.source.get(key), source_info.get(key)
+        if not _same_place(was, now):
+            raise PlanError(f"{out}: was converted from {what} {was}, not {now}; run it with the same source, or "
+                            f"use another OUT")
+    if existing.source.get("split") != source_info.get("split"):
+        raise PlanError(f"{out}: was converted with --split {existing.source.get('split')}, not "
+                        f"{source_info.get('split')}; use another OUT or the same split")
+
+
+def _same_place(a: str | None, b: str | None) -> bool:
+    """Whether two source paths (absolute, as plans store them) name the same file or folder."""
+    if a is None or b is None:
+        return a == b
+    return a == b or os.path.realpath(a) == os.path.realpath(b)

@@ -7,6 +7,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -295,3 +297,44 @@ def test_a_repair_with_retry_failed_reads_each_shards_records_once(tiny_tree, tm
     assert sorted(reads) == [0, 1, 2]  # before the fix: 0, 0, 1, 1, 1, 2, 2
     assert result["missing_shards"] == ["shard-00001"] and result["retried"] == 0
     assert result["converted"]["videos"] == len(json.load(open(os.path.join(out, "plan.json")))["shards"][1]["items"])
+
+
+def _convert_in(cwd: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m convert ARGS`` run from the folder ``cwd`` (this package still first on its path)."""
+    from .conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("first_relative", [True, False], ids=["relative-then-absolute", "absolute-then-relative"])
+def test_a_rerun_from_another_working_directory_finds_every_video(tiny_synthetic_tree, tmp_path, first_relative):
+    """Issue 19, point 3: the plan held the videos' paths as the first run's working directory saw them, so a
+    rerun from elsewhere (the same source by another path) was accepted and failed every video it converted
+    ("No such file or directory"). The plan now holds absolute paths; a source elsewhere is refused."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    os.symlink(tiny_synthetic_tree, here / "src")
+    os.symlink(tiny_synthetic_tree, there / "data")
+    out = str(tmp_path / "out")
+    args = ("--workers", "2", "--shards", "2", "--no-progress")
+    first = ("src", str(here)) if first_relative else (str(here / "src"), str(there))
+    again = (str(here / "src"), str(there)) if first_relative else ("src", str(here))
+    r = _convert_in(first[1], first[0], out, *args)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(open(os.path.join(out, "plan.json")).read())
+    assert all(os.path.isabs(path) for s in plan["shards"] for _, path, _ in s["items"])
+    before = _manifest(out)
+    shutil.rmtree(os.path.join(out, "shards", "shard-00001"))
+    r = _convert_in(again[1], again[0], out, *args)
+    assert r.returncode == 0, r.stderr
+    assert _manifest(out) == before and before["status_counts"] == {"ok": 4}
+    # The same tree by another name (a symlink to it) is the same source; another tree is not.
+    os.remove(os.path.join(out, "manifest.json"))
+    assert _convert_in(str(there), "data", out, *args).returncode == 0
+    other = tmp_path / "other"
+    shutil.copytree(tiny_synthetic_tree, other, symlinks=True)
+    r = _convert_in(str(tmp_path), "other", out, *args)
+    assert r.returncode == 2 and r.stderr == (f"convert: error: {out}: was converted from SRC {here / 'src'}, not "
+                                              f"{other}; run it with the same source, or use another OUT\n")

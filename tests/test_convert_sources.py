@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -215,3 +217,151 @@ def test_videos_root_check_is_lexical_and_follows_symlinks_as_the_help_says(touc
     help_text = " ".join(build_parser().format_help().split())
     assert ("Entries are checked lexically, after normalising '..': one that leaves the root is rejected; "
             "symlinks inside the root are followed wherever they point, by design") in help_text
+
+
+def _without_dac_capabilities() -> None:
+    """In a child about to exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from its bounding set, so that
+    root after exec is held to permission bits, as any user is (the suite runs as root)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def _convert_unprivileged(*args: str) -> subprocess.CompletedProcess:
+    from .conftest import ROOT
+
+    return subprocess.run([sys.executable, "-m", "convert", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, preexec_fn=_without_dac_capabilities)
+
+
+def test_an_unreadable_sub_folder_is_reported_as_rejected_and_an_unreadable_class_folder_stops(touch_video, tmp_path):
+    """Issue 19, point 4: os.walk skipped an unreadable folder without a word; its videos were simply absent."""
+    touch_video(str(tmp_path / "src" / "a" / "x.mp4"))
+    touch_video(str(tmp_path / "src" / "a" / "sub" / "y.mp4"))
+    touch_video(str(tmp_path / "src" / "b" / "z.mp4"))
+    sub = tmp_path / "src" / "a" / "sub"
+    os.chmod(sub, 0)
+    try:
+        out = str(tmp_path / "out")
+        r = _convert_unprivileged(str(tmp_path / "src"), out, "--short", "loop", "--workers", "1", "--no-progress")
+        assert r.returncode == 0, r.stderr
+        report = [json.loads(line) for line in open(os.path.join(out, "report.jsonl"))]
+        assert [(p["id"], p["status"]) for p in report if p["status"] == "rejected"] == [("a/sub/", "rejected")]
+        (rejected,) = [p for p in report if p["status"] == "rejected"]
+        assert rejected["path"] == str(sub)
+        assert rejected["reason"] == "folder cannot be read (Permission denied): the videos in it are not converted"
+        assert f"rejected: {sub}: folder cannot be read" in r.stdout
+        os.chmod(sub, 0o755)
+        os.chmod(tmp_path / "src" / "b", 0)
+        r = _convert_unprivileged(str(tmp_path / "src"), str(tmp_path / "out2"), "--no-progress")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr == (f"convert: error: {tmp_path / 'src' / 'b'}: class folder cannot be read (Permission "
+                            f"denied); without it the class list would lose 'b'\n")
+        assert not os.path.exists(tmp_path / "out2")
+    finally:
+        os.chmod(sub, 0o755)
+        os.chmod(tmp_path / "src" / "b", 0o755)
+
+
+@pytest.mark.parametrize("labels, line, message", [
+    (["0", "1", "v2", "1", "0"], 3, "label 'v2' is a name, but 4 labels are class numbers and 1 are names"),
+    (["3", "10", "x", "2", "1"], 3, "label 'x' is a name, but 4 labels are class numbers and 1 are names"),
+    (["0", "²", "1"], 2, "label '²' is a name, but 2 labels are class numbers and 1 are names"),
+    (["walk", "jump", "7", "run"], 3, "label '7' is a number, but 1 labels are class numbers and 3 are names"),
+])
+def test_mixed_number_and_name_labels_in_a_list_file_are_refused_naming_the_line(touch_video, tmp_path, labels,
+                                                                                 line, message):
+    """Issue 19, point 4: one typo among class numbers turned every label into a name, renumbering them all;
+    "²" (isdigit, yet no int) ended the job without naming the file."""
+    for k in range(len(labels)):
+        touch_video(str(tmp_path / f"v{k}.mp4"))
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"v{k}.mp4 {lab}\n" for k, lab in enumerate(labels)))
+    with pytest.raises(SourceError) as info:
+        from_list(str(lst))
+    assert str(info.value) == (f"{lst}: line {line}: {message}; fix it, or give --classes FILE to read every "
+                               f"label as a class name")
+    (tmp_path / "classes.txt").write_text("".join(f"{lab}\n" for lab in dict.fromkeys(labels)))
+    src = from_list(str(lst), classes_file=str(tmp_path / "classes.txt"))  # names, as the class list says
+    assert [it.label for it in src.items] == [list(dict.fromkeys(labels)).index(lab) for lab in labels]
+    from .convert_helpers import run_cli
+
+    r = run_cli(str(lst), str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stderr == f"convert: error: {info.value}\n"
+
+
+@pytest.mark.parametrize("kind", ["csv", "list", "classes"])
+def test_a_source_file_that_is_not_utf8_is_one_line_naming_the_file_and_line(touch_video, tmp_path, kind):
+    touch_video(str(tmp_path / "v" / "ok_000001_000011.mp4"))
+    bad = "caf\xe9".encode("latin-1")  # "café" in Latin-1: 0xe9 is no UTF-8
+    if kind == "csv":
+        path = tmp_path / "k.csv"
+        path.write_bytes(CSV_HEADER.encode() + b"dance,ok,1,11,train\n" + bad + b",x,1,11,train\n")
+        args = [str(path), str(tmp_path / "out"), "--videos", str(tmp_path / "v")]
+    elif kind == "list":
+        path = tmp_path / "v" / "list.txt"
+        path.write_bytes(b"ok_000001_000011.mp4 dance\n\n" + bad + b".mp4 dance\n")
+        args = [str(path), str(tmp_path / "out")]
+    else:
+        path = tmp_path / "classes.txt"
+        path.write_bytes(b"dance\n" + bad + b"\n")
+        (tmp_path / "v" / "list.txt").write_text("ok_000001_000011.mp4 dance\n")
+        args = [str(tmp_path / "v" / "list.txt"), str(tmp_path / "out"), "--classes", str(path)]
+    line = {"csv": 3, "list": 3, "classes": 2}[kind]
+    from .convert_helpers import run_cli
+
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    what = {"csv": "CSV", "list": "list file", "classes": "class list"}[kind]
+    assert r.stderr == (f"convert: error: {path}: line {line}: not valid UTF-8 (invalid continuation byte: byte "
+                        f"b'\\xe9'); save the {what} as UTF-8\n")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_files_that_are_no_regular_files_are_rejected_up_front_in_every_kind_of_source(touch_video, tmp_path):
+    """Issue 19, point 5: a FIFO named like a video is never opened (nothing would ever write into it)."""
+    root = tmp_path / "v"
+    touch_video(str(root / "a" / "ok_000001_000011.mp4"))
+    os.mkfifo(root / "a" / "fifo_000001_000011.mp4")
+    os.symlink(root / "nowhere.mp4", root / "a" / "dangling_000001_000011.mp4")
+    src = from_folders(str(root))
+    assert [it.id for it in src.items] == ["a/ok_000001_000011"]
+    assert sorted((p.id, p.status, p.reason) for p in src.problems) == [
+        ("a/dangling_000001_000011", "missing", "broken symbolic link"),
+        ("a/fifo_000001_000011", "rejected", "not a regular file (a FIFO): never opened as a video")]
+    lst = tmp_path / "list.txt"
+    lst.write_text("a/ok_000001_000011.mp4 0\na/fifo_000001_000011.mp4 0\n")
+    src = from_list(str(lst), str(root))
+    assert [(p.id, p.status) for p in src.problems] == [("a/fifo_000001_000011", "rejected")]
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "a,ok,1,11,train\na,fifo,1,11,train\n")
+    src = from_csv(str(csv), str(root))
+    assert [(p.id, p.status, p.reason) for p in src.problems] == [
+        ("fifo_000001_000011", "rejected", "not a regular file (a FIFO): never opened as a video")]
+
+
+def test_a_file_name_that_is_not_utf8_is_rejected_with_its_bytes_escaped_and_the_job_goes_on(touch_video, tmp_path):
+    """Issue 19, point 7: such a name stopped the job at planning ("surrogates not allowed"), naming no file."""
+    from .convert_helpers import run_cli
+
+    root = tmp_path / "src"
+    touch_video(str(root / "a" / "ok.mp4"))
+    touch_video(str(root / "b" / "fine.mp4"))
+    bad = os.path.join(os.fsencode(root / "a"), b"caf\xe9.mp4")
+    shutil.copyfile(os.fsencode(root / "a" / "ok.mp4"), bad)
+    os.makedirs(os.path.join(os.fsencode(root / "b"), b"d\xffr"))
+    shutil.copyfile(os.fsencode(root / "a" / "ok.mp4"), os.path.join(os.fsencode(root / "b"), b"d\xffr", b"v.mp4"))
+    out = str(tmp_path / "out")
+    r = run_cli(str(root), out, "--short", "loop", "--workers", "1", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    report = {p["id"]: p for p in map(json.loads, open(os.path.join(out, "report.jsonl"))) if p["status"] != "padded"}
+    assert report == {
+        "a/caf\\xe9": {"id": "a/caf\\xe9", "path": f"{root}/a/caf\\xe9.mp4", "status": "rejected",
+                       "reason": "file name is not valid UTF-8 (shown with its bytes escaped); rename it"},
+        "b/d\\xffr/": {"id": "b/d\\xffr/", "path": f"{root}/b/d\\xffr", "status": "rejected",
+                       "reason": "folder name is not valid UTF-8 (shown with its bytes escaped): the videos in "
+                                 "it are not converted; rename it"}}
+    assert json.load(open(os.path.join(out, "manifest.json")))["status_counts"] == {"padded": 2, "rejected": 2}
