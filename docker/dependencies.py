@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+
 import tomllib
 
 
