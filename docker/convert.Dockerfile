@@ -1,18 +1,34 @@
-# Conversion image: CPU only. PyAV's wheels carry their own FFmpeg, so no
-# system codec packages are needed.
-FROM python:3.11-slim
+# Conversion image: decoding (PyAV's wheels carry their own FFmpeg), the shard writers and readers,
+# verify and inspect. No torch: conversion and verification never import it (tests/test_architecture.py).
+# The base is plain Debian, reproducible from Debian's archive alone (scripts/container_check.sh makes it
+# with debootstrap); Python is Debian's, in a virtual environment.
+FROM debian:bookworm-slim
 
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    # Any user the service runs as (VIDEOCLIPS_USER) has a home and a name, with or without a passwd entry.
+    HOME=/home/videoclips USER=videoclips LOGNAME=videoclips MPLCONFIGDIR=/tmp/matplotlib
+# Debian's packages are not version-pinned: the base image's release fixes the versions they come from.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
+    && useradd --uid 1000 --user-group --create-home --home-dir /home/videoclips videoclips \
+    && chmod 1777 /home/videoclips
 WORKDIR /opt/videoclips
-# The torch the tests ran with, as its CPU wheel: from PyPI pip would pull the CUDA build (GBs of
-# CUDA libraries) that conversion never uses.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# The dependencies in a layer of their own (before the code: a code change rebuilds only what follows).
 COPY pyproject.toml README.md FORMAT.md ./
+COPY docker/dependencies.py docker/entrypoint.py ./docker/
+# The requirement list comes from pyproject.toml (its own pins), less torch.
+# hadolint ignore=DL3013,SC2046
+RUN pip install $(python docker/dependencies.py --extra dask --without torch)
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train
-RUN pip install "./[dask]"
+RUN pip install --no-deps . && python -c "import convert.cli, loaders"
 
-# One process per core; OUT must be a mounted volume so a restart resumes.
-ENTRYPOINT ["python", "-m", "convert"]
+USER 1000:1000
+# The entry point checks DATA and OUT, then runs python -m convert with the service's arguments.
+ENTRYPOINT ["python", "/opt/videoclips/docker/entrypoint.py", "convert"]
 CMD ["--help"]

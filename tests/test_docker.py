@@ -22,7 +22,7 @@ from importlib.metadata import version
 import pytest
 import torch
 
-from .conftest import ROOT
+from .conftest import ROOT, load_script
 
 yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")
@@ -31,6 +31,25 @@ DOCKER = os.path.join(ROOT, "docker")
 # The official Compose schema, kept with the tests (tests/data/README.md says where it comes from).
 SCHEMA = os.path.join(ROOT, "tests", "data", "compose-spec.json")
 COMPOSE = os.path.join(DOCKER, "docker-compose.yml")
+RESET = {"!reset": None}
+
+
+class ResetLoader(yaml.SafeLoader):
+    """YAML with the Compose Specification's ``!reset`` tag (an override's "remove this")."""
+
+
+ResetLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
+def _docker_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"docker_{name}", os.path.join(DOCKER, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+entrypoint = _docker_module("entrypoint")
+dependencies = _docker_module("dependencies")
 _VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}|\$(\w+)")
 
 
@@ -104,13 +123,14 @@ def test_compose_file_matches_the_compose_spec(compose):
     assert {"NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "MASTER_ADDR", "NODE_RANK"} <= set(train["environment"])
 
 
-def test_bind_mounts_exist_or_are_created(compose):
+def test_bind_mounts_create_out_but_never_data(compose):
+    """OUT is created when missing; a DATA that does not exist is the engine's one-line error, not an empty folder."""
     for name in compose["services"]:
         for vol in resolved(compose, name).get("volumes", []):
-            if vol["type"] != "bind":
-                continue
-            source = os.path.normpath(os.path.join(DOCKER, vol["source"]))
-            assert os.path.isdir(source) or vol.get("bind", {}).get("create_host_path") is True, (name, source)
+            assert vol["type"] == "bind", (name, vol)
+            create = vol.get("bind", {}).get("create_host_path")
+            assert create is (not vol.get("read_only", False)), (name, vol)
+        assert resolved(compose, name)["user"] == "1000:1000"  # the images' user unless VIDEOCLIPS_USER says
 
 
 def test_documented_sequence_feeds_the_trainer(compose):
@@ -129,17 +149,16 @@ def test_documented_sequence_feeds_the_trainer(compose):
                                                                    "/out/run", True)
 
 
-def test_entrypoints_run_project_code_with_their_options(compose):
-    spec = importlib.util.spec_from_file_location("device_check", os.path.join(ROOT, "scripts", "device_check.py"))
-    device_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(device_check)
+def test_entrypoints_run_project_code_with_their_options(compose, monkeypatch):
+    monkeypatch.setattr(entrypoint, "check_out", lambda out=entrypoint.OUT: None)  # no /out mounted here
+    device_check = load_script("device_check")
     dc = resolved(compose, "device-check")
-    assert dc["entrypoint"] == ["python", "scripts/device_check.py"]
-    assert device_check.build_parser().parse_args(dc["command"]).work == "/out/device_check"  # under the mount
-    script = resolved(compose, "train")["entrypoint"][2]
-    assert "-m train" in script and "--nproc_per_node=$NPROC_PER_NODE" in script
+    assert dc["entrypoint"] == ["python", "/opt/videoclips/docker/entrypoint.py", "check"] and dc["command"] == []
+    argv = entrypoint.command("check", ["--smoke"], {})  # the entry point adds the mounted work folder
+    assert argv[1].endswith(os.path.join("scripts", "device_check.py"))
+    assert device_check.build_parser().parse_args(argv[2:]).work == "/out/device_check"
     env = resolved(compose, "train")["environment"]
-    assert all(var in env for var in re.findall(r"\$(\w+)", script))
+    assert {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "GPUS"} <= set(env)
 
 
 @pytest.mark.parametrize("name", ["convert.Dockerfile", "train.Dockerfile"])
@@ -162,11 +181,69 @@ def test_images_pin_the_versions_the_tests_ran_with():
     dali = version("nvidia-dali-cuda120") if importlib.util.find_spec("nvidia.dali") else "2.4.0"
     train = open(os.path.join(DOCKER, "train.Dockerfile")).read()
     assert f"torch=={torch_version}" in train and f"nvidia-dali-cuda130=={dali}" in train
-    # torch 2.13.0 from PyPI is a CUDA 13.0 build: the base image is CUDA 13.0 too.
-    assert re.search(r"^FROM nvidia/cuda:13\.0\.\d+-runtime-ubuntu", train, flags=re.M)
-    assert "build-essential" in train  # --compile needs a C compiler
+    assert "--extra dali-cu13" in train and "[dali]" not in train  # one DALI build: CUDA 13, torch's
+    assert "gcc" in train  # --compile needs a C compiler
     convert = open(os.path.join(DOCKER, "convert.Dockerfile")).read()
-    assert f"--index-url https://download.pytorch.org/whl/cpu torch=={torch_version}" in convert
+    assert "--without torch" in convert and "torch==" not in convert
+    for text in (train, convert):  # a base rebuilt from Debian's archive (scripts/container_check.sh)
+        assert re.findall(r"^FROM (\S+)", text, flags=re.M) == ["debian:bookworm-slim"]
+        assert re.search(r"^USER 1000:1000$", text, flags=re.M)
+
+
+def test_dependencies_come_from_pyproject():
+    reqs = dependencies.requirements(os.path.join(ROOT, "pyproject.toml"), extras=["dali-cu13"], without=["torch"])
+    names = {re.split(r"[<>=!~ ]", r, maxsplit=1)[0] for r in reqs}
+    assert "torch" not in names and {"av", "lmdb", "nvidia-dali-cuda130"} <= names
+    with pytest.raises(SystemExit, match="no extra 'nope'"):
+        dependencies.requirements(os.path.join(ROOT, "pyproject.toml"), extras=["nope"], without=[])
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"NNODES": "2", "NODE_RANK": "1"}, "NODE_RANK=1 of NNODES=2 needs MASTER_ADDR"),
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1"}, "names this node"),
+    ({"NODE_RANK": "1"}, "NODE_RANK=1 with NNODES=1"),
+    ({"NNODES": "two"}, "NNODES='two': needs a whole number"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000'"),
+])
+def test_entrypoint_refuses_a_rendezvous_in_one_line(env, line):
+    with pytest.raises(entrypoint.Refusal, match=re.escape(line)):
+        entrypoint.rendezvous(env)
+
+
+def test_entrypoint_rendezvous_and_gpu_counts():
+    assert entrypoint.rendezvous({}) == ["--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1",
+                                         "--master_port=29500"]
+    assert entrypoint.processes({"NPROC_PER_NODE": "gpu"}, [], gpus=lambda: 2) == "gpu"
+    assert entrypoint.processes({"NPROC_PER_NODE": "1"}, ["--device", "cpu"], gpus=lambda: 0) == "1"
+    for env, args, gpus, line in [({}, [], 0, "no GPU visible in the container"),
+                                  ({"GPUS": "4"}, [], 2, "GPUS=4 but the container sees 2 GPU(s)"),
+                                  ({"NPROC_PER_NODE": "8"}, [], 2, "NPROC_PER_NODE=8 but the container sees 2"),
+                                  ({"NPROC_PER_NODE": "gpu"}, ["--device=cpu"], 0, "NPROC_PER_NODE=gpu with")]:
+        with pytest.raises(entrypoint.Refusal, match=re.escape(line)):
+            entrypoint.processes(env, args, gpus=lambda n=gpus: n)
+
+
+def test_entrypoint_checks_the_mounts(tmp_path):
+    with pytest.raises(entrypoint.Refusal, match="DATA is not mounted"):
+        entrypoint.check_data(str(tmp_path / "absent"))
+    with pytest.raises(entrypoint.Refusal, match="is empty: set DATA"):
+        entrypoint.check_data(str(tmp_path))
+    with pytest.raises(entrypoint.Refusal, match="OUT is not mounted"):
+        entrypoint.check_out(str(tmp_path / "absent"))
+    entrypoint.check_out(str(tmp_path))
+    assert os.listdir(tmp_path) == []  # the probe leaves nothing
+
+
+def test_cpu_override_resets_the_gpu_reservation_and_trains_small(compose):
+    with open(os.path.join(DOCKER, "compose.cpu.yml")) as fh:
+        override = interpolate(yaml.load(fh, Loader=ResetLoader), read_env(os.path.join(DOCKER, ".env")))
+    train = override["services"]["train"]
+    assert train["deploy"] == RESET and override["services"]["device-check"]["deploy"] == RESET
+    from train.args import build_parser as train_parser
+
+    args = train_parser().parse_args(train["command"])
+    assert (args.device, args.data, args.out, args.resume) == ("cpu", "/out/clips_train", "/out/run", True)
+    assert entrypoint.on_cpu(train["command"])
 
 
 @pytest.mark.parametrize("name", ["convert.Dockerfile", "train.Dockerfile"])
