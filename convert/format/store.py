@@ -173,9 +173,12 @@ class ClipStore(Sequence):
         """
         shards, refs, labels = self._locate_many(indices)
         shape, n_classes = self.manifest.data.clip_shape, len(self.classes)
-        order = np.argsort(shards, kind="stable")
-        bounds = np.flatnonzero(np.diff(shards[order])) + 1
-        for group in np.split(order, bounds) if order.size else ():
+        if shards.size == 1:  # one clip (``get``, a Dataset's item): no grouping to do
+            groups: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+        else:
+            order = np.argsort(shards, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1) if order.size else []
+        for group in groups:
             positions: list[int] = group.tolist()
 
             def at(k: int, header: ClipHeader, payload: memoryview, positions: list[int] = positions) -> None:
