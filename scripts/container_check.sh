@@ -31,9 +31,16 @@ TRAIN_IMAGE=videoclips-train:latest
 COMPOSE=${COMPOSE:-podman-compose}
 STEPS=${STEPS:-16}                     # CPU optimizer steps of the small C3D (SIGTERM comes after STOP_AT)
 STOP_AT=${STOP_AT:-4}
-# The engine's limits must fit under this host's hard limits (a VM's nofile is often below 65536).
-NOFILE=${NOFILE:-$(ulimit -Hn)}
-export NOFILE
+# Process limits for the containers, at most this host's hard limits: a runtime without CAP_SYS_RESOURCE
+# (a VM's or a nested container's root) cannot raise them, and podman refuses to start the container.
+cap() {  # cap WANTED HARD [UNIT]: WANTED, or the hard limit (in UNIT bytes) when that is lower; -1 unlimited
+    local wanted=$1 hard=$2 unit=${3:-1}
+    if [ "$hard" = unlimited ]; then echo "$wanted"
+    elif [ "$wanted" = -1 ] || [ "$wanted" -gt $((hard * unit)) ]; then echo $((hard * unit))
+    else echo "$wanted"; fi
+}
+NOFILE=$(cap 65536 "$(ulimit -Hn)")
+NPROC=$(cap 4096 "$(ulimit -Hu)")
 
 # The Debian mirror apt uses on this host (the same archive the host trusts), else Debian's own.
 mirror() {
@@ -70,7 +77,7 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 [containers]
-default_ulimits = ["nofile=$NOFILE:$NOFILE", "nproc=4096:4096"]
+default_ulimits = ["nofile=$NOFILE:$NOFILE", "nproc=$NPROC:$NPROC"]
 EOF
         export CONTAINERS_CONF
     fi
@@ -137,7 +144,8 @@ size() {  # an image's size in MB
 # nothing of it stays in the images. BUILD_CA= (empty) builds without it.
 BUILD_CA=${BUILD_CA-/etc/ssl/certs/ca-certificates.crt}
 build_image() {  # build_image DOCKERFILE TAG: the compose file's build (context: the repository root)
-    step "build-${2%%:*}"
+    local name=${2%%:*}
+    step "build-${name#videoclips-}"
     local args=(--isolation chroot --network host --layers -f "$ROOT/docker/$1" -t "$2")
     if [ -n "$BUILD_CA" ] && [ -f "$BUILD_CA" ]; then
         printf '[global]\ncert = /etc/pip-build-ca.crt\n' >"$WORK/pip.conf"
@@ -151,10 +159,27 @@ build_image() {  # build_image DOCKERFILE TAG: the compose file's build (context
 # Python on the host, with the repository's own code (verify, eval and the dataset maker run here).
 host_python() { PYTHONPATH=$ROOT PYTHONDONTWRITEBYTECODE=1 python "$@"; }
 
+# The services' ulimits (docker-compose.yml) capped at this host's, as an override file given last. nofile
+# and nproc are named in each: podman, as root, sets the ones a container's ulimits leave out to its maxima.
+# Every service is named, whether a Compose applies extends before merging the files or after.
+limits_override() {
+    LIMITS=$WORK/compose.limits.yml
+    cat >"$LIMITS" <<EOF
+# This host's hard limits: nofile $(ulimit -Hn), nproc $(ulimit -Hu), memlock $(ulimit -Hl) KiB, stack $(ulimit -Hs) KiB.
+services:
+  convert: &convert
+    ulimits: {nofile: $NOFILE, nproc: $NPROC}
+  convert-val: *convert
+  train: &train
+    ulimits: {nofile: $NOFILE, nproc: $NPROC, memlock: $(cap -1 "$(ulimit -Hl)" 1024), stack: $(cap 67108864 "$(ulimit -Hs)" 1024)}
+  device-check: *train
+EOF
+}
+
 compose() {  # compose [-cpu] ARGS...: the compose file (and the CPU override) from the repository root
     local files=(-f docker/docker-compose.yml)
     if [ "$1" = -cpu ]; then files+=(-f docker/compose.cpu.yml); shift; fi
-    (cd "$ROOT" && "$COMPOSE" "${files[@]}" "$@")
+    (cd "$ROOT" && "$COMPOSE" "${files[@]}" -f "$LIMITS" "$@")
 }
 
 make_dataset() {
@@ -169,7 +194,8 @@ root = sys.argv[1]
 os.makedirs(os.path.join(root, "annotations"))
 for split, csv_name, per_class, seed in (("train", "train.csv", 6, 0), ("val", "validate.csv", 2, 1)):
     rows = []
-    for path in make_dataset(os.path.join(root, "videos", split), per_class=per_class, seconds=2.0, seed=seed):
+    for path in make_dataset(os.path.join(root, "videos", split), per_class=per_class, seconds=2.0, seed=seed,
+                             workers=2):
         label, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)[:-4]
         os.rename(path, os.path.join(os.path.dirname(path), f"{name}_000000_000002.mp4"))
         rows.append({"label": label, "youtube_id": name, "time_start": 0, "time_end": 2, "split": split})
@@ -203,6 +229,13 @@ expect_refusal() {
     ok "status $rc: $last"
 }
 
+with() {  # with NAME=VALUE... -- COMMAND...: COMMAND (a function too) with these variables exported
+    local vars=()
+    while [ "$1" != -- ]; do vars+=("$1"); shift; done
+    shift
+    (export "${vars[@]}"; "$@")
+}
+
 last_step() {  # the newest optimizer step in a run's metrics.jsonl (0 before the first)
     host_python -c "import sys; from train.metrics import read_metrics
 print(max([r.get('step', 0) for r in read_metrics(sys.argv[1])] or [0]))" "$1/metrics.jsonl"
@@ -216,6 +249,7 @@ check_all() {
     build_image convert.Dockerfile "$CONVERT_IMAGE"
     build_image train.Dockerfile "$TRAIN_IMAGE"
 
+    compose -cpu down >"$LOGS/down.log" 2>&1 || true  # a previous run's containers (and podman-compose's pod)
     rm -rf "$DATA" "$OUT" "$BAD_OUT" "$WORK/eval" "$WORK/empty" "$WORK/root-out" "$LOGS"/*.log
     mkdir -p "$WORK/empty"
     install -d -o 1000 -g 1000 "$OUT" "$BAD_OUT"  # the services' user (docker/.env: VIDEOCLIPS_USER)
@@ -227,10 +261,10 @@ check_all() {
 
     step convert
     compose run --rm convert >"$LOGS/convert.log" 2>&1 || fail "compose run convert (see $LOGS/convert.log)"
-    ok "$(grep -v -E '^\s*$' "$LOGS/convert.log" | tail -n1)"
+    ok "$(grep -E '^clips:' "$LOGS/convert.log" | tail -n1)"
     step convert-val
     compose run --rm convert-val >"$LOGS/convert-val.log" 2>&1 || fail "compose run convert-val (see $LOGS/convert-val.log)"
-    ok "$(grep -v -E '^\s*$' "$LOGS/convert-val.log" | tail -n1)"
+    ok "$(grep -E '^clips:' "$LOGS/convert-val.log" | tail -n1)"
     step verify
     for split in train val; do
         host_python -m convert verify "$OUT/clips_$split" >"$LOGS/verify-$split.log" 2>&1 \
@@ -280,34 +314,31 @@ check_all() {
     ok "$(find "$OUT" | wc -l) paths in OUT, all 1000:1000; DATA, the repository and WORK unchanged"
 
     # The bad inputs, each against the built images through the compose file.
-    local fn
-    fn=$(declare -f compose host_python)
-    expect_refusal data-missing "$WORK/absent" \
-        env DATA="$WORK/absent" OUT="$BAD_OUT" ROOT="$ROOT" COMPOSE="$COMPOSE" bash -c "$fn; compose run --rm convert"
+    expect_refusal data-missing "$WORK/absent" with DATA="$WORK/absent" OUT="$BAD_OUT" -- compose run --rm convert
     [ ! -e "$WORK/absent" ] || fail "the engine created the missing DATA $WORK/absent"
     expect_refusal data-empty "^videoclips convert: error: DATA \(mounted at /data\) is empty" \
-        env DATA="$WORK/empty" OUT="$BAD_OUT" ROOT="$ROOT" COMPOSE="$COMPOSE" bash -c "$fn; compose run --rm convert"
+        with DATA="$WORK/empty" OUT="$BAD_OUT" -- compose run --rm convert
     expect_refusal out-unwritable "^videoclips convert: error: OUT \(mounted at /out\) is not writable by uid 1000" \
-        env OUT="$WORK/root-out" ROOT="$ROOT" COMPOSE="$COMPOSE" bash -c "$fn; compose run --rm convert"
+        with OUT="$WORK/root-out" -- compose run --rm convert
     [ -z "$(ls -A "$WORK/root-out")" ] || fail "the refused convert wrote to $WORK/root-out"
     expect_refusal no-master "videoclips train: error: NODE_RANK=1 of NNODES=2 needs MASTER_ADDR" \
-        env OUT="$BAD_OUT" NNODES=2 NODE_RANK=1 ROOT="$ROOT" COMPOSE="$COMPOSE" \
-        bash -c "$fn; compose -cpu up --exit-code-from train train"
-    expect_refusal gpu-compose "nvidia|GPU|CDI|cdi" \
-        env OUT="$BAD_OUT" ROOT="$ROOT" COMPOSE="$COMPOSE" bash -c "$fn; compose up --exit-code-from train train"
+        with OUT="$BAD_OUT" NNODES=2 NODE_RANK=1 -- compose -cpu up --exit-code-from train train
+    expect_refusal gpu-compose "nvidia|GPU|CDI|cdi" with OUT="$BAD_OUT" -- compose up --exit-code-from train train
     expect_refusal no-gpu "^videoclips train: error: no GPU visible in the container: the host needs an NVIDIA driver" \
         podman run --rm -v "$BAD_OUT:/out" -e GPUS=1 -e NPROC_PER_NODE=gpu "$TRAIN_IMAGE" --data=/out/clips_train
     expect_refusal more-gpus "^videoclips train: error: no GPU visible in the container" \
         podman run --rm -v "$BAD_OUT:/out" -e GPUS=2 -e NPROC_PER_NODE=2 "$TRAIN_IMAGE" --data=/out/clips_train
 
+    compose -cpu down >"$LOGS/down.log" 2>&1 || true
     step images
     ok "$CONVERT_IMAGE $(size "$CONVERT_IMAGE"), $TRAIN_IMAGE $(size "$TRAIN_IMAGE"), $BASE $(size "$BASE")"
-    STEP_START=$T0
     step total
+    STEP_START=$T0
     ok "$("$COMPOSE" version 2>/dev/null | tail -n1), $(podman --version)"
 }
 
 engine_conf
+limits_override
 case "${1:-all}" in
     base) make_base ;;
     build) LOGS=$WORK/logs; mkdir -p "$LOGS"; make_base; build_image convert.Dockerfile "$CONVERT_IMAGE"
