@@ -283,11 +283,13 @@ check_all() {
         [ "$waited" -lt 900 ] || fail "train reached no step $STOP_AT in 900 s (see $LOGS/train-1.log)"
     done
     compose -cpu stop train >"$LOGS/train-stop.log" 2>&1 || fail "compose stop train (see $LOGS/train-stop.log)"
-    wait "$up" || true
-    local stopped
+    local rc=0 stopped
+    wait "$up" || rc=$?
     stopped=$(grep -oE 'stopped by SIGTERM at step [0-9]+: checkpoint saved' "$LOGS/train-1.log") \
         || fail "no 'stopped by SIGTERM ... checkpoint saved' (see $LOGS/train-1.log)"
-    ok "$stopped"
+    [ "$rc" = 143 ] || fail "up train ended with status $rc after SIGTERM, not 143 (see $LOGS/train-1.log)"
+    ! grep -q Traceback "$LOGS/train-1.log" || fail "a traceback after SIGTERM (see $LOGS/train-1.log)"
+    ok "$stopped; status $rc"
     step train-resume
     compose -cpu up --exit-code-from train train >"$LOGS/train-2.log" 2>&1 || fail "second up train (see $LOGS/train-2.log)"
     local resumed
