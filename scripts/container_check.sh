@@ -251,7 +251,7 @@ check_all() {
 
     compose -cpu down >"$LOGS/down.log" 2>&1 || true  # a previous run's containers (and podman-compose's pod)
     rm -rf "$DATA" "$OUT" "$BAD_OUT" "$WORK/eval" "$WORK/empty" "$WORK/root-out" "$LOGS"/*.log
-    mkdir -p "$WORK/empty"
+    mkdir -p "$WORK/empty" "$WORK/eval"  # eval: python -m train eval's report (the host's, not the services')
     install -d -o 1000 -g 1000 "$OUT" "$BAD_OUT"  # the services' user (docker/.env: VIDEOCLIPS_USER)
     install -d -o 0 -g 0 -m 755 "$WORK/root-out"
     make_dataset >"$LOGS/dataset.log" 2>&1 || fail "convert.synth (see $LOGS/dataset.log)"
