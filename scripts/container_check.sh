@@ -4,6 +4,7 @@
 #   scripts/container_check.sh            # the whole check (as root, with podman, buildah-backed builds)
 #   scripts/container_check.sh base       # only the base image (debian:bookworm-slim from debootstrap)
 #   scripts/container_check.sh build      # base (when missing) and both images
+#   scripts/container_check.sh refuse     # base, images, and only the bad inputs (step 5)
 #
 # On a host with podman, podman-compose 1.x, debootstrap and PyPI, but no image registry:
 #   1. the base image: debootstrap --variant=minbase of the Debian release the Dockerfiles name, trimmed
@@ -219,12 +220,14 @@ expect_refusal() {
     local name=$1 pattern=$2 rc=0 last before
     shift 2
     step "refuse-$name"
-    before=$(find "$OUT" "$BAD_OUT" -printf '%p %s %T@\n' 2>/dev/null | sort)
+    # What is in them (the folders' own times move: the entry point's write probe is made and removed).
+    before=$(find "$OUT" "$BAD_OUT" -mindepth 1 -printf '%p %s %T@\n' 2>/dev/null | sort)
     "$@" >"$LOGS/refuse-$name.log" 2>&1 || rc=$?
-    last=$(grep -v -E '^\s*$' "$LOGS/refuse-$name.log" | tail -n1)
+    # The last line, without podman-compose's coloured "[service] |" prefix.
+    last=$(sed -E 's/\x1b\[[0-9;]*m//g; s/^\[[a-z-]+\] *\| *//' "$LOGS/refuse-$name.log" | grep -v -E '^\s*$' | tail -n1)
     [ "$rc" -ne 0 ] || fail "exit status 0 (see $LOGS/refuse-$name.log)"
     grep -q -E "$pattern" <<<"$last" || fail "last line is not /$pattern/: $last (see $LOGS/refuse-$name.log)"
-    [ "$before" = "$(find "$OUT" "$BAD_OUT" -printf '%p %s %T@\n' 2>/dev/null | sort)" ] \
+    [ "$before" = "$(find "$OUT" "$BAD_OUT" -mindepth 1 -printf '%p %s %T@\n' 2>/dev/null | sort)" ] \
         || fail "wrote to OUT (see $LOGS/refuse-$name.log)"
     ok "status $rc: $last"
 }
@@ -241,19 +244,19 @@ last_step() {  # the newest optimizer step in a run's metrics.jsonl (0 before th
 print(max([r.get('step', 0) for r in read_metrics(sys.argv[1])] or [0]))" "$1/metrics.jsonl"
 }
 
-check_all() {
-    DATA=$WORK/data OUT=$WORK/out LOGS=$WORK/logs BAD_OUT=$WORK/bad-out
-    export DATA OUT
-    mkdir -p "$LOGS"
+prepare() {  # the base image, both images, and fresh folders
     make_base
     build_image convert.Dockerfile "$CONVERT_IMAGE"
     build_image train.Dockerfile "$TRAIN_IMAGE"
-
     compose -cpu down >"$LOGS/down.log" 2>&1 || true  # a previous run's containers (and podman-compose's pod)
-    rm -rf "$DATA" "$OUT" "$BAD_OUT" "$WORK/eval" "$WORK/empty" "$WORK/root-out" "$LOGS"/*.log
-    mkdir -p "$WORK/empty" "$WORK/eval"  # eval: python -m train eval's report (the host's, not the services')
+    rm -rf "$DATA" "$OUT" "$BAD_OUT" "$WORK/eval" "$WORK/empty" "$WORK/root-out" "$WORK/stub-data" "$LOGS"/*.log
+    # eval: python -m train eval's report (the host's, not the services'); stub-data: a DATA that is there.
+    mkdir -p "$WORK/empty" "$WORK/eval" "$WORK/stub-data/annotations"
     install -d -o 1000 -g 1000 "$OUT" "$BAD_OUT"  # the services' user (docker/.env: VIDEOCLIPS_USER)
     install -d -o 0 -g 0 -m 755 "$WORK/root-out"
+}
+
+sequence() {  # the documented sequence on a synthetic dataset, and what it leaves
     make_dataset >"$LOGS/dataset.log" 2>&1 || fail "convert.synth (see $LOGS/dataset.log)"
     ok "$(cat "$LOGS/dataset.log")under $DATA"
     local before
@@ -315,13 +318,15 @@ check_all() {
     [ "$before" = "$(outside)" ] || fail "written outside OUT: $(diff <(echo "$before") <(outside) | head -n5)"
     ok "$(find "$OUT" | wc -l) paths in OUT, all 1000:1000; DATA, the repository and WORK unchanged"
 
-    # The bad inputs, each against the built images through the compose file.
+}
+
+refusals() {  # the bad inputs, each against the built images through the compose file
     expect_refusal data-missing "$WORK/absent" with DATA="$WORK/absent" OUT="$BAD_OUT" -- compose run --rm convert
     [ ! -e "$WORK/absent" ] || fail "the engine created the missing DATA $WORK/absent"
     expect_refusal data-empty "^videoclips convert: error: DATA \(mounted at /data\) is empty" \
         with DATA="$WORK/empty" OUT="$BAD_OUT" -- compose run --rm convert
     expect_refusal out-unwritable "^videoclips convert: error: OUT \(mounted at /out\) is not writable by uid 1000" \
-        with OUT="$WORK/root-out" -- compose run --rm convert
+        with DATA="$WORK/stub-data" OUT="$WORK/root-out" -- compose run --rm convert
     [ -z "$(ls -A "$WORK/root-out")" ] || fail "the refused convert wrote to $WORK/root-out"
     expect_refusal no-master "videoclips train: error: NODE_RANK=1 of NNODES=2 needs MASTER_ADDR" \
         with OUT="$BAD_OUT" NNODES=2 NODE_RANK=1 -- compose -cpu up --exit-code-from train train
@@ -331,20 +336,26 @@ check_all() {
     expect_refusal more-gpus "^videoclips train: error: no GPU visible in the container" \
         podman run --rm -v "$BAD_OUT:/out" -e GPUS=2 -e NPROC_PER_NODE=2 "$TRAIN_IMAGE" --data=/out/clips_train
 
+}
+
+finish() {
     compose -cpu down >"$LOGS/down.log" 2>&1 || true
     step images
     ok "$CONVERT_IMAGE $(size "$CONVERT_IMAGE"), $TRAIN_IMAGE $(size "$TRAIN_IMAGE"), $BASE $(size "$BASE")"
     step total
     STEP_START=$T0
-    ok "$("$COMPOSE" version 2>/dev/null | tail -n1), $(podman --version)"
+    ok "$("$COMPOSE" --version 2>/dev/null | head -n1), $(podman --version)"
 }
 
+DATA=$WORK/data OUT=$WORK/out LOGS=$WORK/logs BAD_OUT=$WORK/bad-out
+export DATA OUT
+mkdir -p "$LOGS"
 engine_conf
 limits_override
 case "${1:-all}" in
     base) make_base ;;
-    build) LOGS=$WORK/logs; mkdir -p "$LOGS"; make_base; build_image convert.Dockerfile "$CONVERT_IMAGE"
-           build_image train.Dockerfile "$TRAIN_IMAGE" ;;
-    all) check_all ;;
-    *) echo "usage: scripts/container_check.sh [all|base|build]" >&2; exit 2 ;;
+    build) make_base; build_image convert.Dockerfile "$CONVERT_IMAGE"; build_image train.Dockerfile "$TRAIN_IMAGE" ;;
+    refuse) prepare; refusals; finish ;;
+    all) prepare; sequence; refusals; finish ;;
+    *) echo "usage: scripts/container_check.sh [all|base|build|refuse]" >&2; exit 2 ;;
 esac

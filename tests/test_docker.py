@@ -247,9 +247,10 @@ def test_cpu_override_resets_the_gpu_reservation_and_trains_small(compose):
         override = interpolate(yaml.load(fh, Loader=ResetLoader), read_env(os.path.join(DOCKER, ".env")))
     train = override["services"]["train"]
     assert train["deploy"] == RESET and override["services"]["device-check"]["deploy"] == RESET
-    # Each reset removes a reservation the main file names in that service itself: a !reset of a key the
-    # service has only through extends is left in by podman-compose (it merges files before extends).
+    # Each reset removes a reservation the main file gives that service itself (a YAML merge, not extends:
+    # podman-compose applies extends after the override files, leaving a !reset of an inherited key in).
     for name in ("train", "device-check"):
+        assert "extends" not in compose["services"][name]
         assert compose["services"][name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     from train.args import build_parser as train_parser
 
