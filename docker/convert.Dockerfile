@@ -18,11 +18,15 @@ RUN apt-get update \
     && chmod 1777 /home/videoclips
 WORKDIR /opt/videoclips
 # The dependencies in a layer of their own (before the code: a code change rebuilds only what follows).
-COPY pyproject.toml README.md FORMAT.md ./
-COPY docker/dependencies.py docker/entrypoint.py ./docker/
+COPY pyproject.toml ./
+COPY docker/dependencies.py ./docker/
 # The requirement list comes from pyproject.toml (its own pins), less torch.
 # hadolint ignore=DL3013,SC2046
 RUN pip install $(python docker/dependencies.py --extra dask --without torch)
+# README.md is the package's long description (pyproject.toml). These come after the dependencies, so
+# a change to the code, the entry point or the documentation rebuilds only the project's own layers.
+COPY README.md FORMAT.md ./
+COPY docker/entrypoint.py ./docker/
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train

