@@ -373,10 +373,15 @@ class DaliTFRecordLoader(DaliLoaderBase):
         saved = state.get("dali")
         same = isinstance(saved, dict) and {k: saved.get(k) for k in self._config()} == self._config()
         if not same and "position" in state:
-            # Saved with another batch size or world size: the caller (the trainer) sets the position
-            # it wants next; keep a valid one meanwhile.
-            p = int(state["position"])
-            state = {**state, "position": min(p - p % self.batch_size, self.num_samples)}
+            # Saved with another batch size or world size: the same global position (samples of all ranks),
+            # in whole batches of this run. DALI deals an epoch by world size and batch, so on another world
+            # size this is where the epoch stands, not the exact rest of what was read (the module docstring).
+            saved_world = int(state.get("world_size", self.world_size))
+            where = int(state.get("global_position", int(state["position"]) * saved_world))
+            p = min(where // self.world_size, self.num_samples)
+            p -= p % self.batch_size
+            state = {**state, "position": p, "world_size": self.world_size,
+                     "global_position": p * self.world_size}
         super().load_state_dict(state)  # through set_position: a whole number of batches
         self._resume = None
         if same and self.position and isinstance(saved, dict):
