@@ -20,7 +20,7 @@ import torch
 from loaders import ClipDataset, ClipPreset, DistributedClipSampler, build_loader
 from loaders.sampler import elastic_position
 
-from .train_fixtures import tiny_data  # noqa: F401
+from .train_fixtures import tiny_data, tiny_tfrecord  # noqa: F401
 
 SEED, EPOCH, N = 5, 1, 40
 
@@ -156,3 +156,91 @@ def test_a_state_of_another_rank_count_resumes_at_its_global_position():
     old = DistributedClipSampler(64, num_replicas=2, rank=0, seed=1)
     old.load_state_dict({"epoch": 0, "position": 5, "scheme": 2})
     assert old.position == 5 and old.global_position == 10
+
+
+def _native(root: str, rank: int, world: int, batch: int):
+    pytest.importorskip("nvidia.dali")
+    from loaders.dali.native import DaliTFRecordLoader
+
+    return DaliTFRecordLoader(root, train=True, batch_size=batch, preset=ClipPreset(train=True, crop_size=32,
+                                                                                     seed=SEED),
+                              rank=rank, world_size=world, seed=SEED, threads=1)
+
+
+def _real(batch: dict) -> list[int]:
+    return batch["index"][~batch["padding"]].tolist()
+
+
+@pytest.mark.parametrize("before, after", [((2, 4), (1, 8)), ((1, 8), (2, 4))], ids=["W2-to-W1", "W1-to-W2"])
+def test_native_route_reads_the_rest_of_an_epoch_begun_on_another_rank_count_once(tiny_tfrecord, before,  # noqa: F811
+                                                                                 after):
+    """DALI's own reader deals an epoch by world size and batch, so its checkpoint cannot carry over: the merged
+    state records which clips every rank read, and the new ranks read the others, in the sampler's order,
+    through the source route; a save inside that rest resumes exactly too."""
+    from loaders.dali.native import DaliTFRecordLoader
+
+    (w0, b0), (w1, b1), steps = before, after, 2
+    read: list[int] = []
+    states = []
+    for rank in range(w0):
+        loader = _native(tiny_tfrecord, rank, w0, b0)
+        loader.set_epoch(EPOCH)
+        it = iter(loader)
+        for _ in range(steps):
+            read += _real(next(it))
+        states.append(loader.state_dict(consumed=steps * b0))
+        loader.close()
+    assert all("dali" in st and "read" in st for st in states)
+    merged = DaliTFRecordLoader.merge_rank_states(states)
+    assert merged["dali"] == states[0]["dali"] and merged["global_position"] == steps * b0 * w0
+    start = steps * b0 * w0 // (b1 * w1) * b1  # the trainer's position: whole steps of the new global batch
+    resumed = []
+    for rank in range(w1):
+        loader = _native(tiny_tfrecord, rank, w1, b1)
+        loader.load_state_dict(merged)
+        loader.set_epoch(EPOCH)
+        loader.set_position(start)
+        batches = list(loader)
+        assert len(batches) == loader.steps_per_epoch - start // b1  # every rank runs the same steps
+        resumed.append(batches)
+        read += [i for b in batches for i in _real(b)]
+        loader.close()
+    assert Counter(read) == Counter(range(N))  # every clip of the epoch once over the two runs
+    # Stop again one batch into the rest and resume on the same ranks: still every clip once.
+    again: list[int] = []
+    states = []
+    for rank in range(w1):
+        loader = _native(tiny_tfrecord, rank, w1, b1)
+        loader.load_state_dict(merged)
+        loader.set_epoch(EPOCH)
+        loader.set_position(start)
+        first = next(iter(loader))
+        assert torch.equal(first["clip"], resumed[rank][0]["clip"])  # the rest's crops: keyed, reproducible
+        again += _real(first)
+        states.append(loader.state_dict(consumed=start + b1))
+        loader.close()
+    later = DaliTFRecordLoader.merge_rank_states(states)
+    assert "dali" not in later and "read" in later
+    for rank in range(w1):
+        loader = _native(tiny_tfrecord, rank, w1, b1)
+        loader.load_state_dict(later)
+        loader.set_epoch(EPOCH)
+        again += [i for b in loader for i in _real(b)]
+        loader.close()
+    assert Counter(read[:steps * b0 * w0] + again) == Counter(range(N))
+
+
+def test_merged_native_states_need_every_ranks_reads(tiny_tfrecord):  # noqa: F811
+    from loaders.dali.native import DaliTFRecordLoader
+
+    with pytest.raises(ValueError, match="needs the state of every rank"):
+        DaliTFRecordLoader.merge_rank_states([])
+    merged = DaliTFRecordLoader.merge_rank_states([{"epoch": 0, "position": 4, "read": "AA==:8"},
+                                                   {"epoch": 0, "position": 4}])
+    assert "read" not in merged
+    loader = _native(tiny_tfrecord, 0, 1, 4)
+    with pytest.raises(ValueError, match="not a packed mask"):
+        loader.load_state_dict({"epoch": 0, "position": 4, "read": "nonsense"})
+    with pytest.raises(ValueError, match="of 8 clips"):
+        loader.load_state_dict({"epoch": 0, "position": 4, "read": "AA==:8"})
+    loader.close()

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from loaders import DistributedClipSampler
 from train import checkpoint as ckpt_io
 
-from .train_fixtures import common, final_state, tiny_data  # noqa: F401
+from .train_fixtures import common, final_state, tiny_data, tiny_tfrecord  # noqa: F401
 
 SEED = 0
 
@@ -136,3 +136,28 @@ def test_shard_order_option_builds_the_samplers_shard_windowed_order(tiny_data, 
     read = shard_of[want.indices(1)].tolist()
     assert len(set(read)) == len(set(shard_of.tolist())) and read == sorted(read, key=read.index)  # one at a time
     data.close()
+
+
+def test_native_dali_route_resumed_with_another_batch_trains_every_clip_once(tiny_tfrecord, tmp_path,  # noqa: F811
+                                                                             monkeypatch, capfd):
+    """--loader dali on a TFRecord conversion (DALI's own reader, its CPU backend): stopped after 2 steps of 8,
+    resumed at batch 4, whose sharding DALI's checkpoint cannot restore. The checkpoint records the clips read,
+    the rest of the epoch is read through the source route: every clip of the epoch once."""
+    pytest.importorskip("nvidia.dali")
+    out = tmp_path / "run"
+    args = ["--epochs", "1", "--optimizer", "sgd", "--lr", "0.01", "--eval-every", "0", "--loader", "dali",
+            "--workers", "1"]
+    _train(1, common(tiny_tfrecord, out) + args + ["--batch-size", "8", "--max-steps", "2"], str(tmp_path / "a"),
+           monkeypatch)
+    mid = final_state(out)
+    assert mid["sampler"]["global_position"] == 16 and "read" in mid["sampler"] and "dali" in mid["sampler"]
+    capfd.readouterr()
+    _train(1, common(tiny_tfrecord, out) + args + ["--batch-size", "4", "--resume"], str(tmp_path / "b"),
+           monkeypatch)
+    printed = capfd.readouterr().out
+    assert "epoch 0 goes on at sample 16 of its order (4 steps in)" in printed
+    assert "reads the clips of the epoch not read yet through the source route" in printed
+    first, second = _read(str(tmp_path / "a"), 1), _read(str(tmp_path / "b"), 1)
+    assert [len(b) for b in first] == [8, 8] and [len(b) for b in second] == [4] * 6
+    assert Counter(i for b in first + second for i in b) == Counter(range(40))
+    assert final_state(out)["step"] == 8

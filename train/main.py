@@ -194,9 +194,11 @@ def elastic_sampler_state(saved: dict[str, Any], before: TrainConfig, cfg: Train
             f"restart")
     if at != consumed:
         note += f"; the global batch changed, so {consumed - at} clips of the epoch are read again"
-    if native and consumed:
-        note += ("; DALI's native reader deals each epoch by world size and batch, so the rest of this epoch is "
-                 "not the exact complement of what was read (docs/training.md: elastic resume)")
+    if native and consumed and "read" not in sampler:
+        note += ("; the checkpoint does not record which clips DALI's native reader had read (saved before "
+                 "checkpoints did), so the rest of this epoch is not the exact complement of what was read")
+    elif native and consumed:
+        note += "; DALI's native reader reads the clips of the epoch not read yet through the source route"
     return sampler, note
 
 
@@ -358,14 +360,17 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             # Every rank's RNG goes in, so each rank resumes its own dropout stream.
             saved_step[0] = st.step
             rngs = dist.all_gather_object(ckpt_io.rng_state())
+            position = data.state_dict(consumed=st.epoch_step * batch_size)
+            merge = getattr(data.loader, "merge_rank_states", None)
+            if merge is not None:  # DALI's native reader: which clips every rank has read (elastic resume)
+                position = merge(dist.all_gather_object(position))
             if info.is_main:
                 ckpt_io.save_checkpoint({
                     **{name: obj.state_dict() for name, obj in parts.items()},
                     "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
                     # Where the epoch stands, for this world size and for any other (elastic resume): this rank's
                     # position, the global position over all ranks, the world size and the global batch.
-                    "sampler": {**data.state_dict(consumed=st.epoch_step * batch_size),
-                                "global_batch": cfg.global_batch},
+                    "sampler": {**position, "global_batch": cfg.global_batch},
                     "best": tracker.state_dict(),
                     "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last)
