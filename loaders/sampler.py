@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -370,27 +371,21 @@ def elastic_position(state: dict, world_size: int) -> int:
     return where // world_size
 
 
+@dataclass(frozen=True, kw_only=True)
 class ShardSpan:
     """One shard of an epoch's schedule (``DistributedClipSampler.shard_schedule``): ``shard`` (its number in
     the manifest), the global positions ``first`` and ``last`` of its first and last clip in the epoch's
     global order, and ``clips`` (how many of the epoch's samples it holds from the start position on)."""
 
-    __slots__ = ("clips", "first", "last", "shard")
+    shard: int
+    first: int
+    last: int
+    clips: int
 
-    def __init__(self, *, shard: int, first: int, last: int, clips: int) -> None:
-        if not 0 <= first <= last or clips < 1:
-            raise ValueError(f"a shard span needs 0 <= first <= last and clips >= 1, got {first}, {last}, {clips}")
-        self.shard, self.first, self.last, self.clips = int(shard), int(first), int(last), int(clips)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ShardSpan) and (self.shard, self.first, self.last, self.clips) == (
-            other.shard, other.first, other.last, other.clips)
-
-    def __hash__(self) -> int:
-        return hash((self.shard, self.first, self.last, self.clips))
-
-    def __repr__(self) -> str:
-        return f"ShardSpan(shard={self.shard}, first={self.first}, last={self.last}, clips={self.clips})"
+    def __post_init__(self) -> None:
+        if self.shard < 0 or not 0 <= self.first <= self.last or self.clips < 1:
+            raise ValueError(f"a shard span needs shard >= 0, 0 <= first <= last and clips >= 1, got shard "
+                             f"{self.shard}, first {self.first}, last {self.last}, clips {self.clips}")
 
 
 class DistributedClipSampler(Sampler, EpochPosition):

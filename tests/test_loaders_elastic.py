@@ -244,3 +244,20 @@ def test_merged_native_states_need_every_ranks_reads(tiny_tfrecord):  # noqa: F8
     with pytest.raises(ValueError, match="of 8 clips"):
         loader.load_state_dict({"epoch": 0, "position": 4, "read": "AA==:8"})
     loader.close()
+
+
+def test_video_epochs_resume_on_another_rank_count_too():
+    from loaders.sampler import VideoEpochSampler
+
+    video = np.repeat(np.arange(30), 3)  # 30 videos of 3 clips, one clip of each per epoch
+    three = [VideoEpochSampler(video, num_replicas=3, rank=r, seed=2, drop_last=True, with_epoch=False)
+             for r in range(3)]
+    read = [i for s in three for i in s.indices(4)[:4]]
+    state = {**three[0].state_dict(consumed=4), "epoch": 4}
+    two = [VideoEpochSampler(video, num_replicas=2, rank=r, seed=2, drop_last=True, with_epoch=False)
+           for r in range(2)]
+    for s in two:
+        s.load_state_dict(state)
+        read += list(s)
+    assert Counter(i // 3 for i in read) == Counter(range(30))  # every video once, one clip of each
+    assert sorted(read) == sorted(two[0].global_order(4).tolist())
