@@ -131,8 +131,11 @@ def _unpack(text: Any) -> np.ndarray:
     """``_pack``'s mask back; ValueError when ``text`` is not one."""
     try:
         bits, size = str(text).rsplit(":", 1)
-        return np.unpackbits(np.frombuffer(base64.b64decode(bits, validate=True), dtype=np.uint8),
-                             count=int(size)).astype(bool)
+        raw = np.frombuffer(base64.b64decode(bits, validate=True), dtype=np.uint8)
+        count = int(size)
+        if not 0 <= count <= raw.size * 8:
+            raise ValueError(f"{count} bits in {raw.size} bytes")
+        return np.unpackbits(raw, count=count).astype(bool)
     except (ValueError, TypeError) as exc:
         raise ValueError(f"a state's read clips are not a packed mask ({exc})") from None
 
@@ -432,8 +435,9 @@ class DaliTFRecordLoader(DaliLoaderBase):
         same = isinstance(saved, dict) and {k: saved.get(k) for k in self._config()} == self._config()
         if not same and "position" in state:
             # Saved with another batch size or world size: the same global position (samples of all ranks),
-            # in whole batches of this run. DALI deals an epoch by world size and batch, so on another world
-            # size this is where the epoch stands, not the exact rest of what was read (the module docstring).
+            # in whole batches of this run. DALI deals an epoch by world size and batch, so the rest of the
+            # epoch is exact only through the clips the state says were read (``read``, below); a state
+            # without them goes on at this position of this run's sharding (the module docstring).
             saved_world = int(state.get("world_size", self.world_size))
             where = int(state.get("global_position", int(state["position"]) * saved_world))
             p = min(where // self.world_size, self.num_samples)
@@ -550,7 +554,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
             np.zeros(self.num_clips, dtype=bool)
         # No checkpoint for this position: read up to it (exact, but it costs the reading).
         for b in range(self._at[1] // self.batch_size, position // self.batch_size):
-            self._mark_read(self._batch(self._run(pipe, None), b * self.batch_size, None))
+            self._mark_read(self._batch(self._run(pipe, None), b * self.batch_size, None, pixels=False))
         self._at = (epoch, position)
         return pipe
 
@@ -576,7 +580,10 @@ class DaliTFRecordLoader(DaliLoaderBase):
             self.close()
             raise
 
-    def _batch(self, outs: Any, start: int, stream: Any) -> dict | None:
+    def _batch(self, outs: Any, start: int, stream: Any, *, pixels: bool = True) -> dict | None:
+        """The batch of pipeline outputs ``outs`` that starts at sample ``start`` of this rank's epoch (None: a
+        batch of evaluation padding only); ``pixels=False`` leaves out ``clip`` and ``label``, for batches that
+        are only counted (read up to a position)."""
         clips_tl, labels_tl, ids_tl, index_tl = outs
         bs = self.batch_size
         real = max(0, min(bs, self._real - start))
@@ -591,10 +598,11 @@ class DaliTFRecordLoader(DaliLoaderBase):
         except KeyError as exc:
             raise FormatError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
                                f"do not list") from None
+        batch = {"video_id": video_ids, "clip_index": clip_index, "index": index, "padding": torch.arange(n) >= real}
+        if not pixels:
+            return batch
         return {"clip": to_torch(clips_tl, self.device, stream)[:n],
-                "label": to_torch(labels_tl, self.device, stream).reshape(-1)[:n],
-                "video_id": video_ids, "clip_index": clip_index, "index": index,
-                "padding": torch.arange(n) >= real}
+                "label": to_torch(labels_tl, self.device, stream).reshape(-1)[:n], **batch}
 
     def close(self) -> None:
         """Stop the pipeline and free its threads and memory (a later iteration builds a new one)."""
