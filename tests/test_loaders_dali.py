@@ -185,7 +185,8 @@ def test_set_position_resumes_the_same_remaining_order_and_crops(shards):
     for position in (4, 6):  # a batch boundary, and a position inside a batch
         resumed = DaliClipLoader(root, train=True, batch_size=4, preset=preset, workers=2)
         resumed.load_state_dict({"epoch": 2, "position": position})
-        assert resumed.state_dict() == {"epoch": 2, "position": position, "scheme": 1}  # loaded without one
+        assert resumed.state_dict() == {"epoch": 2, "position": position, "world_size": 1,  # loaded without one
+                                        "global_position": position, "scheme": 1}
         got = []
         for b in resumed:
             for k, i in enumerate(b["index"].tolist()):
@@ -245,10 +246,13 @@ def test_state_dict_is_the_samplers(shards):
         obj.set_epoch(3)
         obj.set_position(8)
         obj.set_epoch(3)  # the same epoch keeps the position
-    assert loader.state_dict() == sampler.state_dict() == {"epoch": 3, "position": 8, "scheme": 2}
-    assert loader.state_dict(consumed=12) == {"epoch": 3, "position": 12, "scheme": 2}
+    assert loader.state_dict() == sampler.state_dict() == {"epoch": 3, "position": 8, "world_size": 1,
+                                                           "global_position": 8, "scheme": 2}
+    assert loader.state_dict(consumed=12) == {"epoch": 3, "position": 12, "world_size": 1,
+                                                    "global_position": 12, "scheme": 2}
     loader.set_epoch(4)
-    assert loader.state_dict() == {"epoch": 4, "position": 0, "scheme": 2}
+    assert loader.state_dict() == {"epoch": 4, "position": 0, "world_size": 1, "global_position": 0,
+                                   "scheme": 2}
     with pytest.raises(ValueError, match=r"0\.\.18"):  # this rank's 18 clips, as the sampler counts them
         loader.set_position(19)
     with pytest.raises(ValueError, match="epoch and position"):
@@ -281,7 +285,8 @@ def test_build_dali_loader_with_the_trainers_keywords(shards):
     batches = list(data)
     assert [b["index"].tolist() for b in batches] == [loader.indices(1, 8)[:4].tolist(),
                                                       loader.indices(1, 8)[4:].tolist()]
-    assert data.state_dict(consumed=8) == {"epoch": 1, "position": 8, "scheme": 2}
+    assert data.state_dict(consumed=8) == {"epoch": 1, "position": 8, "world_size": 1, "global_position": 8,
+                                                 "scheme": 2}
 
 
 @pytest.mark.parametrize("kw, words", [

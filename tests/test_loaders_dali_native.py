@@ -254,7 +254,7 @@ def test_a_position_without_checkpoint_is_reached_by_reading(tf_roots):
 def test_state_rules(tf_roots):
     preset = ClipPreset(train=True, seed=1, crop_size=CROP)
     loader = DaliTFRecordLoader(tf_roots["raw"], train=True, batch_size=BS, preset=preset)
-    assert loader.state_dict() == {"epoch": 0, "position": 0}
+    assert loader.state_dict() == {"epoch": 0, "position": 0, "world_size": 1, "global_position": 0}
     with pytest.raises(ValueError, match="multiple of the batch size 4"):
         loader.set_position(6)
     next(iter(loader))
@@ -263,9 +263,9 @@ def test_state_rules(tf_roots):
     state = loader.state_dict(consumed=BS)
     other = DaliTFRecordLoader(tf_roots["raw"], train=True, batch_size=2 * BS, preset=preset)
     other.load_state_dict(state)  # another batch size: the checkpoint does not apply; position kept valid
-    assert other.state_dict() == {"epoch": 0, "position": 0}
+    assert other.state_dict() == {"epoch": 0, "position": 0, "world_size": 1, "global_position": 0}
     loader.set_epoch(1)  # a new epoch starts at 0
-    assert loader.state_dict() == {"epoch": 1, "position": 0}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, "world_size": 1, "global_position": 0}
     loader.close()
 
 

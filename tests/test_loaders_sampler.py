@@ -64,13 +64,13 @@ def test_resume_mid_epoch_gives_the_same_remaining_order():
     order = list(full)
     # the trainer saves what it consumed (prefetch runs ahead, so the sampler cannot know)
     state = full.state_dict(consumed=9)
-    assert state == {"epoch": 3, "position": 9, "scheme": 2}
+    assert state == {"epoch": 3, "position": 9, "world_size": 2, "global_position": 18, "scheme": 2}
     fresh = DistributedClipSampler(50, num_replicas=2, rank=1, seed=11)
     fresh.load_state_dict(state)
     fresh.set_epoch(3)  # the usual epoch loop: same epoch keeps the position
     assert list(fresh) == order[9:]
     assert list(fresh) == order[9:]  # stays until the epoch changes
-    assert fresh.state_dict() == {"epoch": 3, "position": 9, "scheme": 2}
+    assert fresh.state_dict() == {"epoch": 3, "position": 9, "world_size": 2, "global_position": 18, "scheme": 2}
     fresh.set_epoch(4)
     nxt = list(fresh)
     assert len(nxt) == 25 and nxt[0][0] == 4 and fresh.state_dict()["position"] == 0
@@ -249,7 +249,7 @@ def test_block_order_keeps_the_clips_and_video_epochs():
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"order": "sorted"}, "order must be one of random, blocks"),
+    ({"order": "sorted"}, "order must be one of random, blocks, shards"),
     ({"order": "blocks"}, "needs storage_order"),
     ({"order": "blocks", "storage_order": [0, 1, 2], "shuffle": False}, "is a shuffle"),
     ({"order": "blocks", "storage_order": [0, 1, 1]}, "every clip index 0..2 once"),

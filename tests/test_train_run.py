@@ -35,7 +35,9 @@ def test_resume_after_stop_is_bit_identical(tiny_data, tmp_path):
     run_argv(common(tiny_data, tmp_path / "b") + args + ["--max-steps", "3"])
     mid = final_state(tmp_path / "b")
     assert (mid["step"], mid["epoch"], mid["epoch_step"]) == (3, 0, 3)
-    assert mid["sampler"] == {"epoch": 0, "position": 24, "scheme": 2}  # 3 batches of 8 used in epoch 0
+    # 3 batches of 8 used in epoch 0, by one rank
+    assert mid["sampler"] == {"epoch": 0, "position": 24, "world_size": 1, "global_position": 24, "scheme": 2,
+                              "global_batch": 8}
     b = run_argv(common(tiny_data, tmp_path / "b") + args + ["--resume"] + ["--workers", "1"])
     assert b["step"] == 10
     sa, sb = final_state(tmp_path / "a"), final_state(tmp_path / "b")

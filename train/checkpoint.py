@@ -31,7 +31,10 @@ Resuming compares the run's settings with the checkpoint's as each option
 declares (``on_resume``, ``train.options.RESUME_RULES``): ``check_settings``
 refuses the settings that decide the weights' shapes, and those that decide
 the data (with the data itself: ``data``) unless ``--force-resume``;
-``changed_settings`` lists the others that changed, which the run prints.
+``changed_settings`` lists the others that changed, which the run prints,
+and the number of processes: a run may resume on another number of
+processes (elastic resume: ``train.main.elastic_sampler_state`` converts the
+epoch's position).
 """
 
 from __future__ import annotations
@@ -518,5 +521,8 @@ def changed_settings(saved: TrainConfig, cfg: TrainConfig) -> list[str]:
     """``"--lr 0.001 -> 0.002"`` for each setting a resume prints when it changed since the checkpoint (declared
     ``on_resume`` SAY, and the data-deciding ones ``--force-resume`` let through), in declaration order."""
     shown = set(on_resume(TrainConfig, RESUME_SAY)) | set(ORDER_SETTINGS)
-    return [f"{flag(name)} {getattr(saved, name)} -> {getattr(cfg, name)}" for name in settings(TrainConfig)
-            if name in shown and getattr(saved, name) != getattr(cfg, name)]
+    changed = [f"{flag(name)} {getattr(saved, name)} -> {getattr(cfg, name)}" for name in settings(TrainConfig)
+               if name in shown and getattr(saved, name) != getattr(cfg, name)]
+    if saved.world_size != cfg.world_size:  # derived, not an option; allowed (elastic resume), and said
+        changed.append(f"processes {saved.world_size} -> {cfg.world_size}")
+    return changed

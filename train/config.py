@@ -109,13 +109,18 @@ class TrainConfig:
         DATA, "random: each epoch a fresh random order (default); blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
               "and the clips of each --order-window blocks shuffled together, so that the kernel's "
-              "read-ahead brings in clips read next (docs/reading.md: shards larger than memory)",
+              "read-ahead brings in clips read next (docs/reading.md: shards larger than memory); shards: "
+              "the shards shuffled and read --order-shards at a time, the clips of those shards shuffled "
+              "together, so that a bounded cache of whole shards fetches each shard once per epoch",
         default="random", choices=ORDERS, added_later="random", on_resume=ORDER)
     order_block: int = option(DATA, "with --order blocks: clips per block (default 64)", default=64, ge=1,
                               added_later=64, on_resume=ORDER)
     order_window: int = option(
         DATA, "with --order blocks: blocks shuffled together (default 16; window x block clips "
               "should fit in the page cache)", default=16, ge=1, added_later=16, on_resume=ORDER)
+    order_shards: int = option(
+        DATA, "with --order shards: shards read at a time (default 4; that many whole shards, and the next "
+              "window's, should fit in the shard cache)", default=4, ge=1, added_later=4, on_resume=ORDER)
     no_flip: bool = option(DATA, "no random horizontal flip in training", default=False)
     # -- model ------------------------------------------------------------------
     model_width: float = option(

@@ -30,7 +30,7 @@ from loaders import (
 )
 from loaders.dali import route_for  # imports no DALI (loaders.dali.missing says whether it is usable)
 from loaders.dali.sharding import epoch_steps, shard_sizes
-from loaders.sampler import VideoEpochSampler
+from loaders.sampler import VideoEpochSampler, clip_shards
 
 from .dist import DistInfo
 from .errors import TrainError
@@ -123,18 +123,22 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,
                   seed: int, order: str = "random", storage_order: np.ndarray | None = None, block: int = 64,
-                  window: int = 16) -> DistributedClipSampler:
+                  window: int = 16, clip_shards: np.ndarray | None = None,
+                  shard_window: int = 4) -> DistributedClipSampler:
     """One rank's training order over videos of ``video_clips`` stored clips each.
 
     ``epoch_mode`` clips: every stored clip once per epoch; videos:
     ``clips_per_video`` of each video's clips, chosen anew each epoch. Shuffled
     by (seed, epoch), in random order or, with ``order="blocks"``, in blocks
     of ``block`` clips that lie side by side (``storage_order``), ``window``
-    blocks shuffled together; the last partial share is dropped, so every rank
+    blocks shuffled together, or, with ``order="shards"``, whole shards
+    (``clip_shards``: each clip's shard) ``shard_window`` at a time; the last
+    partial share is dropped, so every rank
     has the same ``len()``, the clips it trains on per epoch.
     """
     kw: dict[str, Any] = {"num_replicas": world_size, "rank": rank, "shuffle": True, "seed": seed, "drop_last": True,
-                          "order": order, "storage_order": storage_order, "block": block, "window": window}
+                          "order": order, "storage_order": storage_order, "block": block, "window": window,
+                          "clip_shards": clip_shards, "shard_window": shard_window}
     if epoch_mode == "videos":
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
@@ -314,7 +318,9 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
         sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
                                 world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
                                 storage_order=ds.store.storage_order() if cfg.order == "blocks" else None,
-                                block=cfg.order_block, window=cfg.order_window)
+                                block=cfg.order_block, window=cfg.order_window,
+                                clip_shards=clip_shards(ds.store) if cfg.order == "shards" else None,
+                                shard_window=cfg.order_shards)
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
                               pin_memory=info.device.type == "cuda", **_readers(cfg))
         return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,

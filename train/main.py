@@ -148,20 +148,58 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
             raise TrainError(f"checkpoint {path}: its {name} state does not fit this run ({first})") from exc
     state = TrainState(step=saved["step"], epoch=saved["epoch"], epoch_step=saved["epoch_step"],
                        nonfinite=int(saved.get("nonfinite", 0)))
+    sampler_state, moved = elastic_sampler_state(saved, before, cfg, state, native=not data.rewinds)
     try:
-        data.load_state_dict(saved["sampler"])
+        data.load_state_dict(sampler_state)
     except ValueError as exc:  # a sampler state of a scheme or size this loader does not draw
         raise TrainError(f"checkpoint {path}: its sampler state does not fit this run ({exc})") from exc
-    rng = None
-    if before.world_size == cfg.world_size and before.batch_size == cfg.batch_size:
-        rng = saved["rng"][info.rank]
-    else:
-        _say(info, "note: world size or batch changed since the checkpoint; the data order continues, "
-                   "RNG streams restart")
-        consumed = saved["epoch_step"] * before.batch_size * before.world_size
-        state.epoch_step = consumed // cfg.global_batch
+    # Every rank's own RNG stream goes on; on another world size or batch they restart (the note says so).
+    rng = None if moved else saved["rng"][info.rank]
+    if moved:
+        _say(info, moved)
     _say(info, f"resumed from {path} at step {state.step} (epoch {state.epoch}, {state.epoch_step} steps into it)")
     return state, rng
+
+
+def elastic_sampler_state(saved: dict[str, Any], before: TrainConfig, cfg: TrainConfig, state: TrainState, *,
+                          native: bool = False) -> tuple[dict[str, Any], str]:
+    """(the sampler state this run loads, a note for the log: "" when the world size and the per-process batch
+    are the checkpoint's) for resuming checkpoint ``saved`` (saved with ``before``) into ``state``.
+
+    With the world size and the per-process batch unchanged, the saved state
+    as it is. Otherwise (elastic resume: another number of processes and/or
+    another per-process batch) the ranks together have used the first
+    ``epoch_step * global_batch`` samples of the epoch's global order, which
+    does not depend on the rank count; ``state.epoch_step`` becomes the whole
+    steps of the new global batch in that, and the sampler's position the
+    new per-rank share of it. With the same global batch that is the same
+    global position: over the two runs every clip of the epoch is read once.
+    Another global batch resumes at the last whole new step before it, so up
+    to one new global batch of clips is read again; and RNG streams restart
+    (there is no RNG state for a rank that did not exist).
+    """
+    sampler = dict(saved["sampler"])
+    if before.world_size == cfg.world_size and before.batch_size == cfg.batch_size:
+        return sampler, ""
+    if before.batch_size is None or cfg.batch_size is None:  # both resolved before a resume loads anything
+        raise TrainError("a resume needs the batch resolved (with_batch) on both sides")
+    consumed = saved["epoch_step"] * before.batch_size * before.world_size
+    state.epoch_step = consumed // cfg.global_batch
+    at = state.epoch_step * cfg.global_batch
+    sampler.update(position=state.epoch_step * cfg.batch_size, world_size=cfg.world_size, global_position=at,
+                   global_batch=cfg.global_batch)
+    note = (f"note: {before.world_size} -> {cfg.world_size} process(es), batch {before.batch_size} -> "
+            f"{cfg.batch_size} per process (global {before.batch_size * before.world_size} -> {cfg.global_batch}): "
+            f"epoch {state.epoch} goes on at sample {at} of its order ({state.epoch_step} steps in); RNG streams "
+            f"restart")
+    if at != consumed:
+        note += f"; the global batch changed, so {consumed - at} clips of the epoch are read again"
+    if native and consumed and "read" not in sampler:
+        note += ("; the checkpoint does not record which clips DALI's native reader had read (saved before "
+                 "checkpoints did), so the rest of this epoch is not the exact complement of what was read")
+    elif native and consumed:
+        note += "; DALI's native reader reads the clips of the epoch not read yet through the source route"
+    return sampler, note
 
 
 @contextlib.contextmanager
@@ -322,11 +360,18 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             # Every rank's RNG goes in, so each rank resumes its own dropout stream.
             saved_step[0] = st.step
             rngs = dist.all_gather_object(ckpt_io.rng_state())
+            position = data.state_dict(consumed=st.epoch_step * batch_size)
+            merge = getattr(data.loader, "merge_rank_states", None)
+            if merge is not None:  # DALI's native reader: which clips every rank has read (elastic resume)
+                position = merge(dist.all_gather_object(position))
             if info.is_main:
                 ckpt_io.save_checkpoint({
                     **{name: obj.state_dict() for name, obj in parts.items()},
                     "step": st.step, "epoch": st.epoch, "epoch_step": st.epoch_step, "nonfinite": st.nonfinite,
-                    "sampler": data.state_dict(consumed=st.epoch_step * batch_size), "best": tracker.state_dict(),
+                    # Where the epoch stands, for this world size and for any other (elastic resume): this rank's
+                    # position, the global position over all ranks, the world size and the global batch.
+                    "sampler": {**position, "global_batch": cfg.global_batch},
+                    "best": tracker.state_dict(),
                     "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last)
 

@@ -48,9 +48,18 @@ out so far; ``load_state_dict`` rebuilds the epoch's pipeline from it. With
 the same world size, batch size and preset, the resumed run reads exactly
 what the uninterrupted run would have read: the same clips in the same
 order with the same crops and flips (bit-identical on the CPU; tested).
-Without a usable checkpoint (another world size, batch size, preset or DALI
-version) a position is reached by reading and dropping that many batches of
-the epoch's pipeline.
+Without a usable checkpoint (another preset or DALI version) a position is
+reached by reading and dropping that many batches of the epoch's pipeline.
+
+Elastic resume (another world size or batch size): DALI's reader deals an
+epoch by both, so its checkpoint cannot carry over. The state records which
+clips this rank has read this epoch (``read``; ``merge_rank_states`` merges
+every rank's), and a loader of another configuration reads the clips not read
+yet, in ``DistributedClipSampler``'s global order of the epoch dealt
+round-robin to its ranks, through the source route (``DaliClipLoader`` with
+``share``), padded to the epoch's remaining whole batches; over the two runs
+every clip of the epoch is read once. Those clips are cropped by the keyed
+preset (the source route's), not by DALI's generators.
 
 The reader has no global clip index: batches carry ``video_id`` and
 ``clip_index`` from the records, and ``index`` is looked up from them in the
@@ -74,6 +83,7 @@ from convert.format import FormatError
 from convert.format.tfrecord.schema import BY_NAME
 
 from ..presets import ClipPreset, _centre
+from ..sampler import DistributedClipSampler
 from .base import (
     DaliLoaderBase,
     Pipeline,
@@ -110,6 +120,24 @@ def reader_features(names: tuple[str, ...] = READ) -> dict[str, Any]:
 
 
 __all__ = ["READ", "DaliTFRecordLoader", "padded_steps", "reader_features", "shard_sizes"]
+
+
+def _pack(mask: np.ndarray) -> str:
+    """A mask of clips as text for a state dict (base64 of its bits; a checkpoint holds plain values)."""
+    return base64.b64encode(np.packbits(np.asarray(mask, dtype=bool)).tobytes()).decode("ascii") + f":{mask.size}"
+
+
+def _unpack(text: Any) -> np.ndarray:
+    """``_pack``'s mask back; ValueError when ``text`` is not one."""
+    try:
+        bits, size = str(text).rsplit(":", 1)
+        raw = np.frombuffer(base64.b64decode(bits, validate=True), dtype=np.uint8)
+        count = int(size)
+        if not 0 <= count <= raw.size * 8:
+            raise ValueError(f"{count} bits in {raw.size} bytes")
+        return np.unpackbits(raw, count=count).astype(bool)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"a state's read clips are not a packed mask ({exc})") from None
 
 
 def _seed(*key: int) -> int:
@@ -306,7 +334,14 @@ class DaliTFRecordLoader(DaliLoaderBase):
         firsts = np.cumsum(self.store.video_clips) - self.store.video_clips
         self._first = dict(zip(self.store.video_ids, firsts.tolist()))
         self._at: tuple[int, int] | None = None  # (epoch, samples read) of the pipeline in the slot
-        self._resume: tuple[int, int, bytes] | None = None  # a checkpoint to build (epoch, position) from
+        # A checkpoint to build (epoch, position) from, and the clips this rank had read by then (None: unknown).
+        self._resume: tuple[int, int, bytes, np.ndarray | None] | None = None
+        # The clips of epoch _at[0] read so far (this rank's; after an elastic resume, every rank's of both runs).
+        self._read: np.ndarray | None = None
+        # An epoch to finish through the source route after a resume on another configuration: (epoch, the
+        # clips every rank of the saving run had read).
+        self._elastic: tuple[int, np.ndarray] | None = None
+        self._source: Any = None  # the source-route loader reading that rest
 
     # -- sizes ----------------------------------------------------------------
     @property
@@ -332,6 +367,8 @@ class DaliTFRecordLoader(DaliLoaderBase):
         super().set_epoch(epoch)
         if self._resume is not None and self._resume[0] != self.epoch:
             self._resume = None
+        if self._elastic is not None and self._elastic[0] != self.epoch:
+            self._elastic = None
 
     def set_position(self, position: int) -> None:
         """Start this epoch's iteration after ``position`` samples (a whole number of batches)."""
@@ -357,30 +394,67 @@ class DaliTFRecordLoader(DaliLoaderBase):
         position = state["position"]
         if position == 0 or position >= self.num_samples:
             return state
+        read = self._read
         if self._slot.pipe is not None and self._at == (self.epoch, position):
             ckpt = self._slot.pipe.checkpoint()
         elif self._resume is not None and self._resume[:2] == (self.epoch, position):
-            ckpt = self._resume[2]
+            ckpt, read = self._resume[2], self._resume[3]
+        elif self._elastic is not None and self._at == (self.epoch, position):
+            ckpt = None  # inside the rest of an elastic epoch: no DALI reader stands anywhere
+        elif self._elastic is not None and self._elastic[0] == self.epoch and self.position == position:
+            ckpt, read = None, self._elastic[1]  # loaded, not yet read on
         else:
             at = f"epoch {self._at[0]} position {self._at[1]}" if self._at else "nothing read"
             raise ValueError(f"the native DALI route saves where its pipeline stands ({at}), not at epoch "
                              f"{self.epoch} position {position}")
-        state["dali"] = {"checkpoint": base64.b64encode(ckpt).decode("ascii"), **self._config()}
+        if ckpt is not None:
+            state["dali"] = {"checkpoint": base64.b64encode(ckpt).decode("ascii"), **self._config()}
+        if read is not None:
+            state["read"] = _pack(read)
         return state
+
+    @staticmethod
+    def merge_rank_states(states: list[dict]) -> dict:
+        """One state for every rank of a run from each rank's ``state_dict`` (in rank order): rank 0's (its DALI
+        checkpoint restores every rank, which share one seed) with ``read``, the clips of the epoch read so far,
+        over all ranks. What a resume on another world size or batch size needs to read the rest of the epoch
+        exactly (``load_state_dict``); without every rank's ``read`` the merged state has none."""
+        if not states:
+            raise ValueError("merge_rank_states needs the state of every rank, got none")
+        merged = dict(states[0])
+        merged.pop("read", None)
+        if all("read" in st for st in states):
+            masks = [_unpack(st["read"]) for st in states]
+            if len({m.size for m in masks}) == 1:
+                merged["read"] = _pack(np.logical_or.reduce(masks))
+        return merged
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict()``; its DALI checkpoint is used when it was made with this configuration."""
         saved = state.get("dali")
         same = isinstance(saved, dict) and {k: saved.get(k) for k in self._config()} == self._config()
         if not same and "position" in state:
-            # Saved with another batch size or world size: the caller (the trainer) sets the position
-            # it wants next; keep a valid one meanwhile.
-            p = int(state["position"])
-            state = {**state, "position": min(p - p % self.batch_size, self.num_samples)}
+            # Saved with another batch size or world size: the same global position (samples of all ranks),
+            # in whole batches of this run. DALI deals an epoch by world size and batch, so the rest of the
+            # epoch is exact only through the clips the state says were read (``read``, below); a state
+            # without them goes on at this position of this run's sharding (the module docstring).
+            saved_world = int(state.get("world_size", self.world_size))
+            where = int(state.get("global_position", int(state["position"]) * saved_world))
+            p = min(where // self.world_size, self.num_samples)
+            p -= p % self.batch_size
+            state = {**state, "position": p, "world_size": self.world_size,
+                     "global_position": p * self.world_size}
         super().load_state_dict(state)  # through set_position: a whole number of batches
-        self._resume = None
+        self._resume = self._elastic = None
+        read = _unpack(state["read"]) if "read" in state else None
+        if read is not None and read.size != self.num_clips:
+            raise ValueError(f"the state's read clips are of {read.size} clips; {self.root} holds {self.num_clips}")
         if same and self.position and isinstance(saved, dict):
-            self._resume = (self.epoch, self.position, base64.b64decode(saved["checkpoint"]))
+            self._resume = (self.epoch, self.position, base64.b64decode(saved["checkpoint"]), read)
+        elif self.position and read is not None:
+            # Another world size or batch (or saved inside such an epoch's rest): DALI's reader would deal the
+            # epoch otherwise, so the clips not read yet are read through the source route instead.
+            self._elastic = (self.epoch, read)
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
@@ -388,7 +462,49 @@ class DaliTFRecordLoader(DaliLoaderBase):
         first = self.position // self.batch_size
         if first >= self._steps:
             return iter(())
+        if self._elastic is not None and self._elastic[0] == self.epoch and self.position:
+            return self._rest(self._token, self.epoch, first)
         return self._batches(self._token, self.epoch, first)
+
+    def rest_of_epoch(self, epoch: int, read: np.ndarray, first: int) -> tuple[np.ndarray, int]:
+        """This rank's clips for batches ``first..`` of an epoch of which the clips ``read`` (a mask, all
+        ranks) were read on another configuration: the clips not read, in the sampler's global order of the
+        epoch (``DistributedClipSampler``, seed, epoch), dealt round-robin over this run's ranks, then padded
+        with this rank's last one to the epoch's remaining whole batches (``steps_per_epoch`` is the same on
+        every rank, so the ranks stay in step). Returns (the clips, how many of them are real: the rest pad)."""
+        order = DistributedClipSampler(self.num_clips, num_replicas=1, rank=0, seed=self.seed,
+                                       with_epoch=False).global_order(epoch)
+        left = order[~read[order]]
+        mine = left[self.rank::self.world_size]
+        size = (self._steps - first) * self.batch_size
+        if mine.size > size:
+            raise ValueError(f"{self.root}: {left.size} clips of epoch {epoch} are left, more than {self.world_size} "
+                             f"rank(s) read in the {self._steps - first} batches of {self.batch_size} left")
+        last = mine[-1] if mine.size else order[-1]
+        return np.concatenate([mine, np.full(size - mine.size, last, dtype=np.int64)]), int(mine.size)
+
+    def _rest(self, token: int, epoch: int, first: int) -> Iterator[dict]:
+        """The rest of an epoch begun on another configuration, read through the source route (``_elastic``)."""
+        from .source import DaliClipLoader
+
+        self.close()
+        read = self._elastic[1].copy() if self._elastic is not None else np.zeros(self.num_clips, dtype=bool)
+        share, real = self.rest_of_epoch(epoch, read, first)
+        padding = np.arange(share.size) >= real  # the real clips come first
+        self._source = DaliClipLoader(self.root, train=True, batch_size=self.batch_size, preset=self.preset,
+                                      rank=self.rank, world_size=self.world_size, device_id=self.device_id,
+                                      seed=self.seed, workers=0, prefetch=self.prefetch, normalize=self.normalize,
+                                      drop_last=True, share=share)
+        self._source.set_epoch(epoch)
+        self._read, self._at = read, (epoch, first * self.batch_size)
+        bs = self.batch_size
+        for b, batch in enumerate(self._source):
+            if token != self._token:
+                raise RuntimeError("this DaliTFRecordLoader iterator was superseded by a newer iter() of the loader")
+            pad = torch.from_numpy(padding[b * bs:(b + 1) * bs].copy())
+            read[batch["index"][~pad].numpy()] = True
+            self._at = (epoch, (first + b + 1) * bs)
+            yield {**batch, "padding": pad}
 
     def _batches(self, token: int, epoch: int, first: int) -> Iterator[dict]:
         pipe = self._attach(epoch, first * self.batch_size)
@@ -399,6 +515,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
             outs = self._run(pipe, stream)
             self._at = (epoch, (b + 1) * self.batch_size)
             batch = self._batch(outs, b * self.batch_size, stream)
+            self._mark_read(batch)
             if batch is not None:
                 yield batch
 
@@ -432,11 +549,19 @@ class DaliTFRecordLoader(DaliLoaderBase):
                                f"({meta['epoch_size_padded']} padded); the manifest lists {self.num_clips} clips "
                                f"({padded} padded)")
         self._at = (epoch, position if ckpt is not None else 0)
+        loaded = self._resume[3] if ckpt is not None and self._resume is not None else None
+        self._read = (loaded.copy() if loaded is not None else None) if ckpt is not None else \
+            np.zeros(self.num_clips, dtype=bool)
         # No checkpoint for this position: read up to it (exact, but it costs the reading).
-        for _ in range(self._at[1] // self.batch_size, position // self.batch_size):
-            self._run(pipe, None)
+        for b in range(self._at[1] // self.batch_size, position // self.batch_size):
+            self._mark_read(self._batch(self._run(pipe, None), b * self.batch_size, None, pixels=False))
         self._at = (epoch, position)
         return pipe
+
+    def _mark_read(self, batch: dict | None) -> None:
+        """Count the real clips of a batch this rank read (``_read``, what ``state_dict`` saves as ``read``)."""
+        if batch is not None and self._read is not None:
+            self._read[batch["index"][~batch["padding"]].numpy()] = True
 
     def _pipeline(self, epoch: int, checkpoint: bytes | None = None, build: bool = True) -> Pipeline:
         """Epoch ``epoch``'s pipeline for this rank (``build=False``: defined only)."""
@@ -455,7 +580,10 @@ class DaliTFRecordLoader(DaliLoaderBase):
             self.close()
             raise
 
-    def _batch(self, outs: Any, start: int, stream: Any) -> dict | None:
+    def _batch(self, outs: Any, start: int, stream: Any, *, pixels: bool = True) -> dict | None:
+        """The batch of pipeline outputs ``outs`` that starts at sample ``start`` of this rank's epoch (None: a
+        batch of evaluation padding only); ``pixels=False`` leaves out ``clip`` and ``label``, for batches that
+        are only counted (read up to a position)."""
         clips_tl, labels_tl, ids_tl, index_tl = outs
         bs = self.batch_size
         real = max(0, min(bs, self._real - start))
@@ -470,12 +598,16 @@ class DaliTFRecordLoader(DaliLoaderBase):
         except KeyError as exc:
             raise FormatError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
                                f"do not list") from None
+        batch = {"video_id": video_ids, "clip_index": clip_index, "index": index, "padding": torch.arange(n) >= real}
+        if not pixels:
+            return batch
         return {"clip": to_torch(clips_tl, self.device, stream)[:n],
-                "label": to_torch(labels_tl, self.device, stream).reshape(-1)[:n],
-                "video_id": video_ids, "clip_index": clip_index, "index": index,
-                "padding": torch.arange(n) >= real}
+                "label": to_torch(labels_tl, self.device, stream).reshape(-1)[:n], **batch}
 
     def close(self) -> None:
         """Stop the pipeline and free its threads and memory (a later iteration builds a new one)."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
         super().close()
         self._at = None

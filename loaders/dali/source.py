@@ -128,12 +128,19 @@ class DaliClipLoader(DaliLoaderBase):
     Resume like the sampler: ``set_epoch``, ``set_position`` (samples of this
     rank's epoch already used), ``state_dict``/``load_state_dict``. Iterating
     gives the rest of the current epoch.
+
+    ``share``: read exactly these clip indices, in this order, every epoch,
+    instead of the sampler's share (``rank``/``world_size`` then only name
+    the reader); the crops still follow (seed, epoch, index). The native
+    route reads the rest of an epoch interrupted on another number of ranks
+    so (``DaliTFRecordLoader``).
     """
 
     def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int = 2,
                  prefetch: int = 2, normalize: bool = False, drop_last: bool | None = None,
-                 start_method: str | None = None, verify: bool = False) -> None:
+                 start_method: str | None = None, verify: bool = False,
+                 share: Sequence[int] | np.ndarray | None = None) -> None:
         workers = check_int("workers", workers, 0)
         if not isinstance(verify, bool):
             raise ValueError(f"verify must be True or False, got {verify!r}")
@@ -148,8 +155,13 @@ class DaliClipLoader(DaliLoaderBase):
         self.workers, self.start_method = workers, start_method
         self.verify = verify
         self.drop_last = train if drop_last is None else drop_last
+        fixed = None
+        if share is not None:
+            fixed = np.asarray(share, dtype=np.int64).reshape(-1)
+            if fixed.size and (fixed.min() < 0 or fixed.max() >= len(self.store)):
+                raise ValueError(f"share must be clip indices 0..{len(self.store) - 1} of {root}")
         self._order = _Order(len(self.store), world=self.world_size, rank=self.rank, seed=self.seed, train=train,
-                             batch_size=self.batch_size, drop_last=self.drop_last)
+                             batch_size=self.batch_size, drop_last=self.drop_last, fixed=fixed)
         if train and self._order.batches(0) < 1:
             raise ValueError(f"{root}: {len(self.store)} clips give rank {self.rank} of {self.world_size} "
                              f"{self._order.share_size}, fewer than one batch of {self.batch_size}")

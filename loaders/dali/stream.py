@@ -29,21 +29,29 @@ class _Order:
     padding it adds when ranks do not divide the clip count, so the ranks
     together hold every clip exactly once (train.data's ``RankSplit`` order).
     A short final batch is padded with its last clip and trimmed after DALI,
-    whose batches have one size.
+    whose batches have one size. ``fixed``: these clip indices, in this
+    order, instead of the sampler's share, whatever the epoch (the crops still
+    follow the epoch).
     """
 
     def __init__(self, n: int, *, world: int, rank: int, seed: int, train: bool, batch_size: int,
-                 drop_last: bool) -> None:
+                 drop_last: bool, fixed: np.ndarray | None = None) -> None:
         self.sampler = DistributedClipSampler(n, num_replicas=world, rank=rank, shuffle=train, seed=seed,
                                               drop_last=train, with_epoch=False)
         self.train = train
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.share_size = self.sampler.num_samples if train else len(range(rank, n, world))
+        self.fixed = None if fixed is None else np.asarray(fixed, dtype=np.int64).reshape(-1)
+        if self.fixed is not None:
+            self.share_size = int(self.fixed.size)
+        else:
+            self.share_size = self.sampler.num_samples if train else len(range(rank, n, world))
         self._cache: dict[int, np.ndarray] = {}
 
     def share(self, epoch: int) -> np.ndarray:
         """This rank's clip indices for ``epoch``, from its first sample."""
+        if self.fixed is not None:
+            return self.fixed
         key = epoch if self.train else 0  # evaluation order does not depend on the epoch
         got = self._cache.get(key)
         if got is None:
