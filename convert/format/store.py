@@ -360,6 +360,25 @@ class ClipStore(Sequence):
         self._setup_holds()
 
 
+def manifest_at(root: str, *, cache: CacheSettings | None = None) -> Manifest:
+    """The manifest of the conversion at ``root``, a folder or a URL (read without caching anything)."""
+    if not is_url(root):
+        return read_manifest(root)
+    import json
+
+    from .layout import MANIFEST
+    from .remote import Remote
+
+    remote = Remote(root, storage_options=cache.storage_options if cache else None)
+    raw = remote.read_bytes(MANIFEST)
+    try:
+        return Manifest.from_dict(json.loads(raw), remote.join(MANIFEST))
+    except ValueError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{remote.join(MANIFEST)}: not valid JSON: {exc}") from exc
+
+
 def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:
     """Open a finished conversion for reading: ``len()``, item ``i``, ``.classes``.
 
@@ -368,4 +387,4 @@ def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:
     return ClipStore(root, cache=cache)
 
 
-__all__ = ["ClipSample", "ClipStore", "open_clips"]
+__all__ = ["ClipSample", "ClipStore", "manifest_at", "open_clips"]
