@@ -187,6 +187,21 @@ class Remote:
                 raise ShardMissing(f"{self.join(rel)}: no such object") from exc
             raise
 
+    def listing(self, rel: str) -> dict[str, dict[str, Any]]:
+        """Every object under folder ``rel``: {path relative to ``rel``: the file system's details}; an
+        absent folder lists nothing."""
+        def listing() -> dict[str, dict[str, Any]]:
+            self.fs.invalidate_cache()
+            base = self._path(rel).rstrip("/")
+            try:
+                found = self.fs.find(base, detail=True)
+            except FileNotFoundError:
+                return {}
+            return {path.rstrip("/")[len(base) + 1:]: info for path, info in found.items()
+                    if info.get("type") != "directory" and path.rstrip("/").startswith(base + "/")}
+
+        return self._retried("listing", rel, listing)
+
     def files(self, rel: str) -> dict[str, int]:
         """Every object under folder ``rel``: {path relative to ``rel``: size in bytes}."""
         def listing() -> dict[str, int]:
