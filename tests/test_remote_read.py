@@ -59,6 +59,16 @@ def test_http_tfrecord_reads_as_local(tiny_tfrecord, tmp_path):
         _same_clips(store, open_clips(tiny_tfrecord))
 
 
+def test_a_tfrecord_conversion_opens_without_downloading_its_records(s3_server, tiny_tfrecord, tmp_path):
+    """A TFRecord shard is indexed from its shard.json and part commits: opening downloads no record file; the
+    first read of a clip downloads its one shard."""
+    url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
+    store = open_clips(url, cache=_settings(tmp_path))
+    assert store.cache.downloads() == [] and len(store) == len(open_clips(tiny_tfrecord))
+    store.get(0)
+    assert store.cache.downloads() == [store.manifest.shards[0].name]
+
+
 def test_file_url(tiny_tfrecord, tmp_path):
     store = open_clips(f"file://{tiny_tfrecord}", cache=_settings(tmp_path))
     _same_clips(store, open_clips(tiny_tfrecord))

@@ -323,6 +323,7 @@ class ShardCache:
             try:
                 self._download(index, tmp)
                 summary = self._verify(index, tmp)
+                self._check_indexed(index, summary)
                 os.rename(tmp, final)
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -378,6 +379,16 @@ class ShardCache:
             return ShardSummary(reader.meta, list(reader.records()), reader.storage_order(), self.sizes[index])
         finally:
             reader.close()
+
+    def _check_indexed(self, index: int, arrived: ShardSummary) -> None:
+        """A shard indexed before its download (from its small files) must be the shard that arrived."""
+        indexed = self._load_summary(index)
+        if indexed is None:
+            return
+        if (indexed.meta, indexed.records, indexed.storage_order) != (arrived.meta, arrived.records,
+                                                                       arrived.storage_order):
+            raise FormatError(f"{self.shard_url(index)}: its video records changed since the cache indexed it "
+                              f"(replaced while being read?)")
 
     # -- room -------------------------------------------------------------------
     def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None) -> bool:
@@ -459,32 +470,64 @@ class ShardCache:
                 "bytes": s.bytes}
         self._write_atomic(self._summary_path(index), json.dumps(data).encode())
 
-    def summary(self, index: int) -> ShardSummary:
-        """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
+    def _index_from_small_files(self, index: int) -> bool:
+        """Index a TFRecord shard from its metadata and part commits alone (kilobytes, not the record files)."""
+        if self.manifest.data.backend != "tfrecord":
+            return False  # an LMDB shard's records are inside its one data file: indexed when it arrives
+        from .tfrecord.reader import META_FILE, shard_index
+
+        entry = self.manifest.shards[index]
+        small = sorted(rel for rel in self.files[index] if rel == META_FILE or rel.endswith(".json"))
+        tmp = os.path.join(self.dir, INDEX_DIR, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
+        os.makedirs(tmp, exist_ok=True)
+        try:
+            for rel in small:
+                self.remote.download(f"{entry.path}/{rel}", os.path.join(tmp, rel), self.files[index][rel])
+            meta, records, order = shard_index(tmp)
+        except FormatError as exc:
+            raise FormatError(str(exc).replace(tmp, self.shard_url(index))) from exc
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._save_summary(index, ShardSummary(meta, records, order, self.sizes[index]))
+        return True
+
+    def _load_summary(self, index: int) -> ShardSummary | None:
+        """The index entry of shard ``index``; None when there is none or it is damaged (then removed)."""
         path = self._summary_path(index)
-        if not os.path.exists(path):
-            self.fetch(index)
         try:
             with open(path) as f:
                 d = json.load(f)
             return ShardSummary(d["meta"], [VideoRecord.from_dict(r, path) for r in d["records"]],
                                 d["storage_order"], int(d["bytes"]))
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError, KeyError, TypeError):
             # Damaged (a crash of the machine mid-write): the shard itself says it again.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            hold = self.acquire(index)
-            try:
-                from .backends import get_backend
+            return None
 
-                reader = get_backend(self.manifest.data.backend).reader(self.local_path(index))
-                s = ShardSummary(reader.meta, sort_records(list(reader.records())), reader.storage_order(),
-                                 self.sizes[index])
-                reader.close()
-            finally:
-                hold.release()
-            self._save_summary(index, s)
-            return s
+    def summary(self, index: int) -> ShardSummary:
+        """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
+        path = self._summary_path(index)
+        if not os.path.exists(path) and not self._index_from_small_files(index):
+            self.fetch(index)
+        found = self._load_summary(index)
+        if found is not None:
+            return found
+        # The entry was damaged: the shard itself (fetched if need be) says it again.
+        from .backends import get_backend
+
+        hold = self.acquire(index)
+        try:
+            reader = get_backend(self.manifest.data.backend).reader(self.local_path(index))
+            s = ShardSummary(reader.meta, sort_records(list(reader.records())), reader.storage_order(),
+                             self.sizes[index])
+            reader.close()
+        finally:
+            hold.release()
+        self._save_summary(index, s)
+        return s
 
     def downloads(self) -> list[str]:
         """Names of the shards downloaded into this cache so far, by every process, in order."""

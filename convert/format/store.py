@@ -30,8 +30,9 @@ from .remote import is_url
 if TYPE_CHECKING:
     from .cache import CacheSettings, Hold, Prefetcher, ShardCache
 
-# Readers a store over a remote conversion keeps open (and its shards held in the cache) while idle.
-IDLE_HOLD = 4
+# Readers of a remote conversion a store keeps open while idle (their shards are not held in the cache: an
+# evicted one is reopened on its next use).
+IDLE_HOLD = 16
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class ClipStore(Sequence):
         self._tick = 0
         self._hold_lock = threading.RLock()
         self._open_locks: dict[int, threading.Lock] = {}
+        self._identity: dict[int, int] = {}  # the inode of each remote shard's folder its reader opened
         self._prefetcher: Prefetcher | None = None
 
     @property
@@ -158,20 +160,47 @@ class ClipStore(Sequence):
 
     @contextlib.contextmanager
     def _using(self, shard: int) -> Iterator[ShardReader]:
-        """This process's reader of ``shard``, held for the duration (a remote shard cannot be evicted)."""
+        """This process's reader of ``shard``; a remote shard is held in the cache (not evicted) meanwhile.
+
+        Only a read in progress holds a shard: an idle reader holds nothing, so
+        a rank that waits (at a barrier, at the end of its epoch) never keeps
+        another rank of its node from the room it needs. An idle reader whose
+        shard was evicted and fetched again is reopened on its next use.
+        """
         if self.cache is None:
             yield self.reader(shard)
             return
-        with self._hold_lock:
-            self._busy[shard] = self._busy.get(shard, 0) + 1
+        hold = self.cache.acquire(shard, before_wait=lambda: self._trim(0))
         try:
-            yield self.reader(shard)
-        finally:
             with self._hold_lock:
-                self._busy[shard] -= 1
-                self._tick += 1
-                self._used[shard] = self._tick
-                self._trim(IDLE_HOLD)
+                self._busy[shard] = self._busy.get(shard, 0) + 1
+            try:
+                yield self._current(shard)
+            finally:
+                with self._hold_lock:
+                    self._busy[shard] -= 1
+                    self._tick += 1
+                    self._used[shard] = self._tick
+                    self._trim(IDLE_HOLD)
+        finally:
+            hold.release()
+
+    def _current(self, shard: int) -> ShardReader:
+        """The reader of the copy of remote ``shard`` in the cache now (the caller holds it there)."""
+        identity = os.stat(self.shard_paths[shard]).st_ino
+        with self._hold_lock:
+            opening = self._open_locks.setdefault(shard, threading.Lock())
+        with opening:  # one open per shard, whichever thread asks first
+            r = self._readers.get(shard)
+            if r is not None and self._identity.get(shard) == identity:
+                return r
+            if r is not None:  # evicted and fetched again since: the old reader maps deleted files
+                self._readers.pop(shard)
+                if not self._busy.get(shard, 0) > 1:
+                    r.close()
+            r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
+            self._identity[shard] = identity
+            return r
 
     def _trim(self, keep: int) -> None:
         """Close idle readers of remote shards (least recently used first) until ``keep`` stay open."""
@@ -179,27 +208,20 @@ class ClipStore(Sequence):
             idle = sorted((self._used.get(s, 0), s) for s in self._readers if not self._busy.get(s))
             for _, s in idle[:max(0, len(self._readers) - keep)]:
                 self._readers.pop(s).close()
-                hold = self._holds.pop(s, None)
-                if hold is not None:
-                    hold.release()
 
     def reader(self, shard: int) -> ShardReader:
-        """This process's reader of shard number ``shard`` (opened on first use)."""
+        """This process's reader of shard number ``shard`` (opened on first use).
+
+        A remote shard is fetched first, but not held: reads that must not
+        race an eviction go through ``visit``.
+        """
+        if self.cache is not None:
+            self.cache.acquire(shard).release()
+            return self._current(shard)
         r = self._readers.get(shard)
-        if r is not None:
-            return r
-        if self.cache is None:
+        if r is None:
             r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
-            return r
-        with self._hold_lock:
-            opening = self._open_locks.setdefault(shard, threading.Lock())
-        with opening:  # one download and one open per shard, whichever thread asks first
-            r = self._readers.get(shard)
-            if r is None:
-                if shard not in self._holds:
-                    self._holds[shard] = self.cache.acquire(shard, before_wait=lambda: self._trim(0))
-                r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
-            return r
+        return r
 
     def close(self) -> None:
         """Close the shard readers this store opened (they reopen on next use).
@@ -351,7 +373,7 @@ class ClipStore(Sequence):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = {}  # readers hold per-process handles: reopened where the store lands
-        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher"):
+        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher", "_identity"):
             state.pop(key, None)  # locks and holds are this process's
         return state
 
