@@ -95,3 +95,10 @@ def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsy
     assert url in err and "unreachable" in err and "--resume" in err and "at step" in err, err
     run_argv(argv + ["--resume"])
     assert_states_equal(final_state(tmp_path / "local")["model"], final_state(out)["model"])
+
+
+def test_a_cache_limit_below_the_largest_shard_is_one_line(s3_server, tiny_data, tmp_path, capsys):
+    url = s3_server.upload(tiny_data, s3_server.bucket())
+    assert main(common(url, tmp_path / "run") + ARGS + _cache(tmp_path) + ["--cache-limit", "1000"]) != 0
+    err = one_line_error(capsys)
+    assert url in err and "cache limit 1000 bytes" in err and "--cache-limit" in err, err

@@ -28,6 +28,8 @@ def reader_errors(flag: str, root: str) -> Iterator[None]:
         yield
     except (ValueError, FormatError) as exc:
         raise TrainError(f"{flag} {root}: {exc}") from exc
+    except RemoteError as exc:  # its message names the URL and the reason
+        raise TrainError(f"{flag}: {exc}") from exc
 
 
 def _original_message(exc: BaseException) -> str:
