@@ -31,7 +31,7 @@ def test_every_field_is_declared_and_every_option_comes_from_a_declaration():
     assert parsed == options | {"--no-lr-scaling", "--no-grad-as-bucket-view"}  # the two extra switches
     derived = {s.name for s in declared.values() if s.option.group is None}
     assert derived == {"auto_batch", "world_size", "epoch_samples", "steps_per_epoch", "lr_plan", "pad_last_batch"}
-    assert len(NUMBERS) == 38  # 24 integers and 14 reals, each with a lower bound (below)
+    assert len(NUMBERS) == 39  # 25 integers and 14 reals, each with a lower bound (below)
 
 
 @pytest.mark.parametrize("setting", NUMBERS, ids=[s.flag for s in NUMBERS])
@@ -110,7 +110,8 @@ def test_eval_usage_errors_are_one_line(tmp_path, capsys, argv, message):
 
 def test_settings_added_later_are_declared_with_the_value_old_checkpoints_load_with():
     assert added_later(TrainConfig) == {"order": "random", "order_block": 64, "order_window": 16,
-                                        "force_resume": False, "pad_last_batch": False}
+                                        "force_resume": False, "pad_last_batch": False, "cache_dir": None,
+                                        "cache_limit": None}
 
 
 def test_a_config_checks_what_its_declarations_say():
