@@ -219,3 +219,30 @@ def test_a_killed_download_leaves_no_shard(s3_server, tiny_data, tmp_path):
     _same_clips(store, open_clips(tiny_data))
     leftovers = [n for n in os.listdir(os.path.dirname(store.shard_paths[0])) if n.startswith(".tmp-")]
     assert leftovers == []
+
+
+def test_a_full_cache_disk_is_one_line(s3_server, tiny_tfrecord, tmp_path):
+    """A cache folder on a tmpfs smaller than two shards: the second download fails naming its URL and the disk,
+    and leaves no partial shard behind."""
+    disk = str(tmp_path / "disk")
+    os.makedirs(disk)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1500k", "tmpfs", disk], capture_output=True,
+                                 timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        mounted = False
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
+        store = open_clips(url, cache=CacheSettings(cache_dir=disk, limit=1 << 30, attempts=2, backoff=0.01))
+        with pytest.raises(CacheFullError) as err:
+            for i in np.argsort(store.shards_of(np.arange(len(store))), kind="stable"):
+                store.get(int(i))
+        text = str(err.value)
+        assert text.startswith(f"{url}/shards/") and "no space left in the cache" in text and "\n" not in text
+        store.close()
+        leftovers = [n for n in os.listdir(os.path.dirname(store.shard_paths[0])) if n.startswith(".tmp-")]
+        assert leftovers == []
+    finally:
+        subprocess.run(["umount", "-l", disk], capture_output=True, timeout=30)

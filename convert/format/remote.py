@@ -16,6 +16,7 @@ of local folders never imports it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -106,6 +107,8 @@ def retried(what: str, url: str, fn: Callable[[], T], *, attempts: int = ATTEMPT
         except (FormatError, RemoteError):
             raise
         except Exception as exc:  # noqa: BLE001 - every file system raises its own types; classify sorts them
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the local disk is full: not the URL's problem, and no retry frees it (the caller says so)
             transient, reason = classify(exc)
             if not transient or attempt == attempts:
                 tries = f" (after {attempt} attempts)" if attempt > 1 else ""
