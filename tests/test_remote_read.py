@@ -152,6 +152,22 @@ def test_unreachable_endpoint(s3_server, tmp_path):
     assert err.value.transient
 
 
+def test_missing_credentials(s3_server, tmp_path):
+    """No credentials anywhere the AWS client looks (a child process, so no client is reused): one line, not
+    retried."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_ENDPOINT_URL=s3_server.endpoint,
+               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    code = ("from convert.format import open_clips\n"
+            "from convert.format.cache import CacheSettings\n"
+            f"open_clips('s3://any/data', cache=CacheSettings(cache_dir={str(tmp_path / 'c')!r}))\n")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    last = got.stderr.strip().splitlines()[-1]
+    assert got.returncode == 1 and "RemoteError: s3://any/data/manifest.json: reading failed: no credentials" in last
+    assert "attempts" not in last
+
+
 def test_cache_smaller_than_the_data(s3_server, tiny_tfrecord, tmp_path):
     url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
     probe = open_clips(url, cache=_settings(tmp_path / "probe"))
