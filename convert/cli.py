@@ -21,6 +21,7 @@ from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes,
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
+from .format.remote import RemoteError, is_url
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
@@ -156,7 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
                    "or a folder of class folders")
-    p.add_argument("out", metavar="OUT", help="output folder: shards/, manifest.json, report.jsonl, plan.json, logs/")
+    p.add_argument("out", metavar="OUT", help="output folder: shards/, manifest.json, report.jsonl, plan.json, logs/; "
+                                              "or a URL (s3://, gs://, file://...): written into --staging, "
+                                              "each shard verified and uploaded, the manifest last")
+    p.add_argument("--staging", metavar="DIR", help="with OUT a URL: the local folder the job writes before "
+                                                    "uploading (default: one per URL under ~/.cache/videoclips/"
+                                                    "staging); a rerun needs the same one to skip finished work")
     add_convert_options(p)
     return p
 
@@ -218,9 +224,25 @@ def main(argv: list[str] | None = None) -> int:
         config, opts = config_from_args(args)
         from .job import run_job
 
-        result = run_job(args.src, args.out, config, opts, videos=args.videos, split=args.split,
+        say = lambda note: print(f"convert: {note}", file=sys.stderr)  # noqa: E731 - passed twice below
+        target = args.out
+        if is_url(args.out):
+            from .upload import staging_dir
+
+            target = staging_dir(args.out, args.staging)
+        elif args.staging:
+            raise ValueError("--staging is for an OUT that is a URL")
+        result = run_job(args.src, target, config, opts, videos=args.videos, split=args.split,
                          classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
-                         say=lambda note: print(f"convert: {note}", file=sys.stderr))
+                         say=say)
+        if target != args.out:
+            from .upload import upload_conversion
+
+            counts = upload_conversion(target, args.out, say=say if not args.json else lambda note: None)
+            result = {**result, "staging": target, **counts}
+    except RemoteError as exc:  # names the URL and the reason; the staging folder keeps the work done
+        print(f"convert: error: {exc} (rerun the same command to upload what is missing)", file=sys.stderr)
+        return 1
     except ShardFailed as exc:
         # Not the user's input: a shard's store or process; the log named holds the rest.
         print(f"convert: error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from convert.format import ClipStore, open_clips
+from convert.format.cache import CacheSettings
 
 from .cropread import crop_into
 from .presets import ClipPreset
@@ -80,12 +81,14 @@ class ClipDataset(Dataset):
     ``clip_len``, ``seed``, ``flip``, ``multiscale``); fields passed with a
     preset must agree with it. ``verify_checksums``
     checks every shard against the manifest now (a full read) and every
-    value's CRC-32 as it is read.
+    value's CRC-32 as it is read. ``root`` may be a URL (``s3://...``): it is
+    read through a local shard cache, ``cache`` its settings
+    (``convert.format.cache.CacheSettings``).
     """
 
     def __init__(self, root: str, *, train: bool, preset: ClipPreset | None = None, crop_size: int = 112,
                  clip_len: int | None = None, seed: int = 0, verify_checksums: bool = False, flip: bool = True,
-                 multiscale: tuple[float, ...] | None = None) -> None:
+                 multiscale: tuple[float, ...] | None = None, cache: CacheSettings | None = None) -> None:
         if preset is None:
             preset = ClipPreset(train=train, crop_size=crop_size, clip_len=clip_len, seed=seed, flip=flip,
                                 multiscale=multiscale)
@@ -106,7 +109,7 @@ class ClipDataset(Dataset):
         self.train = train
         self.preset = preset
         self.verify_checksums = bool(verify_checksums)
-        self.store: ClipStore = open_clips(root)
+        self.store: ClipStore = open_clips(root, cache=cache)
         self.classes: list[str] = self.store.classes
         self.epoch = 0
         # Rows: this process, then DataLoader workers (by id, wrapping after 64).

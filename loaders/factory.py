@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from convert.format.system import cpu_count
 
 from .dataset import collate
+from .prefetch import PrefetchingSampler
 from .sampler import DistributedClipSampler
 from .threaded import ThreadedClipLoader
 
@@ -84,6 +85,10 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
     if sampler is None:
         seed = getattr(getattr(dataset, "preset", None), "seed", 0)
         sampler = DistributedClipSampler(len(dataset), shuffle=train, seed=seed)  # type: ignore[arg-type]
+    store = getattr(dataset, "store", None)
+    if getattr(store, "cache", None) is not None:
+        # Read from a URL: the sampler's order also drives the shard cache's prefetch.
+        sampler = PrefetchingSampler(sampler, store)  # type: ignore[arg-type]  # a ClipStore with a cache
     if threads is not None:
         extra = sorted(set(kw) - {"timeout"})
         if extra:

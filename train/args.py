@@ -16,7 +16,7 @@ import os
 from loaders import default_threads
 
 from .config import TrainConfig
-from .data import DataShape, check_dataset, dataset_info, epoch_share
+from .data import DataShape, cache_settings, check_dataset, dataset_info, epoch_share
 from .dist import DistInfo
 from .errors import TrainError
 from .options import OneLineParser, add_options, settings
@@ -59,13 +59,14 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         check_dataset(args.val_data, "--val-data")
     if args.finetune and not os.path.isfile(args.finetune):
         raise TrainError(f"--finetune {args.finetune}: no such file")
-    shape = shape or dataset_info(root, args.crop_size)
+    cache = cache_settings(args.cache_dir, args.cache_limit)
+    shape = shape or dataset_info(root, args.crop_size, cache=cache)
     if args.clip_len is not None and args.clip_len > shape.clip_len:
         raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
                          f"frames)")
     clip_len = args.clip_len or shape.clip_len
     if args.val_data:
-        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data")
+        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data", cache=cache)
         if val_shape.clip_len < clip_len:
             raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
                              f"{clip_len}")

@@ -75,8 +75,19 @@ class TrainConfig:
     # -- data -------------------------------------------------------------------
     # on_resume: SHAPE and ORDER settings must match the checkpoint's, FREE ones are not compared, the others
     # are printed when they changed (train.options.RESUME_RULES).
-    data: str = option(DATA, "training conversion (folder with manifest.json)", metavar="OUT", required=True)
-    val_data: str | None = option(DATA, "validation conversion (default: no evaluation)", metavar="OUT")
+    data: str = option(DATA, "training conversion: a folder with manifest.json, or its URL (s3://, gs://, "
+                             "http(s)://, file://...; read through a local cache: --cache-dir)", metavar="OUT",
+                       required=True)
+    val_data: str | None = option(DATA, "validation conversion, folder or URL (default: no evaluation)", metavar="OUT")
+    # A URL's conversion is the same data in another place: where it is cached never changes a batch.
+    cache_dir: str | None = option(
+        DATA, "with --data or --val-data a URL: the local shard cache, shared by the ranks of a node (default "
+              "$XDG_CACHE_HOME/videoclips, i.e. ~/.cache/videoclips)", metavar="DIR", added_later=None,
+        on_resume=FREE)
+    cache_limit: int | None = option(
+        DATA, "bytes the shard cache may hold (default 80%% of its disk's free space); refused when smaller "
+              "than the largest shard times 3 (one read, two prefetched)", ge=1, metavar="BYTES",
+        added_later=None, on_resume=FREE)
     loader: str = option(
         DATA, "reader: threads (default: reader threads in each training process, pinned batch ring), "
               "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from convert.format.cache import CacheSettings
+from convert.format.remote import RemoteError, is_url
 from loaders import (
     ClipDataset,
     ClipPreset,
@@ -42,13 +44,20 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "data_identity", "dataset_info", "epoch_share", "train_sampler"]
+           "cache_settings", "data_identity", "dataset_info", "epoch_share", "train_sampler"]
+
+
+def cache_settings(cache_dir: str | None, cache_limit: int | None) -> CacheSettings:
+    """The shard cache of a conversion at a URL, from ``--cache-dir`` and ``--cache-limit``."""
+    return CacheSettings(cache_dir=cache_dir, limit=cache_limit)
 
 
 def check_dataset(root: str | None, what: str) -> str:
-    """The folder, or a one-line error when it is not a finished conversion."""
+    """The folder, or a one-line error when it is not a finished conversion (a URL is checked as it is opened)."""
     if not root:
         raise TrainError(f"{what}: no folder given")
+    if is_url(root):
+        return root
     if not os.path.isfile(os.path.join(root, "manifest.json")):
         raise TrainError(f"{what} {root}: manifest.json missing (not a finished conversion; "
                          f"run python -m convert SRC {root} first)")
@@ -85,7 +94,7 @@ def data_identity(manifest: Any) -> dict[str, Any]:
             "shards": len(manifest.shards), "sha256": h.hexdigest()}
 
 
-def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
+def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSettings | None = None) -> DataShape:
     """Classes and clip shape of a conversion, read through the reader; one-line errors when they do not suit.
 
     The manifest gives the clip length (``clip_shape``, or ``clip.clip_len`` when
@@ -96,7 +105,7 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
     """
     check_dataset(root, flag)
     try:
-        store = open_clips(root)
+        store = open_clips(root, cache=cache)
         manifest = store.manifest
         shape = manifest.data.clip_shape
         clip_len = int(shape[0]) if shape else manifest.data.clip.clip_len
@@ -107,6 +116,11 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data") -> DataShape:
         store.visit(sample, lambda pos, header, payload: seen.__setitem__(pos, header.shape))
     except (FormatError, ValueError) as exc:
         raise TrainError(f"{flag} {root}: cannot read the clip shape: {exc}") from exc
+    except RemoteError as exc:  # the message names the URL and the reason
+        raise TrainError(f"{flag}: {exc}") from exc
+    finally:
+        if "store" in locals():
+            store.close()  # lets go of the shards it holds in the cache
     lengths = sorted({s[0] for s in seen.values()} | {clip_len})
     if len(lengths) > 1:
         raise TrainError(f"{flag} {root}: stored clips have {' and '.join(map(str, lengths))} frames; the model "
@@ -287,7 +301,8 @@ def _readers(cfg: TrainConfig) -> dict:
 
 
 def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> ClipDataset:
-    ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed)
+    ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed,
+                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
     # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
     # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
     # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.
@@ -311,7 +326,8 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             # and offers the sampler's set_epoch / set_position / state_dict.
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
-                                     workers=cfg.workers, verify=cfg.verify_data)
+                                     workers=cfg.workers, verify=cfg.verify_data,
+                                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
                              int(loader.steps_per_epoch), rewinds=route_for(root) != "native")
         ds = _dataset(root, True, preset, cfg)
@@ -340,7 +356,8 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
         if cfg.loader == "dali":
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
-                                     workers=cfg.workers, verify=cfg.verify_data)
+                                     workers=cfg.workers, verify=cfg.verify_data,
+                                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
             return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
         ds = _dataset(root, False, preset, cfg)
         # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,

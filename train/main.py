@@ -24,7 +24,7 @@ from . import dist
 from .args import build_parser, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
-from .data import DataShape, build_eval_data, build_train_data, dali_builder, dataset_info
+from .data import DataShape, build_eval_data, build_train_data, cache_settings, dali_builder, dataset_info
 from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats
@@ -256,7 +256,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     # that, and the checkpoint stores it.
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
-    shape = dataset_info(args.data, args.crop_size)  # checks the folder first
+    # Checks the folder (or URL) first.
+    shape = dataset_info(args.data, args.crop_size, cache=cache_settings(args.cache_dir, args.cache_limit))
     classes = shape.classes
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":
@@ -409,7 +410,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
                     data.set_epoch(state.epoch)
                     data.set_position(state.epoch_step * batch_size)
-                    with reading("--data", cfg.data):
+                    with reading("--data", cfg.data, lambda: state.step):
                         stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data,
                                                   state, step_cfg, log, save, world_size=info.world_size)
                     if stopped:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from convert.format.remote import RemoteError
 from loaders import FormatError
 
 from .errors import TrainError
@@ -27,6 +28,8 @@ def reader_errors(flag: str, root: str) -> Iterator[None]:
         yield
     except (ValueError, FormatError) as exc:
         raise TrainError(f"{flag} {root}: {exc}") from exc
+    except RemoteError as exc:  # its message names the URL and the reason
+        raise TrainError(f"{flag}: {exc}") from exc
 
 
 def _original_message(exc: BaseException) -> str:
@@ -55,7 +58,7 @@ def _worker_death(exc: RuntimeError) -> tuple[str, str | None] | None:
 
 
 @contextlib.contextmanager
-def reading(flag: str, root: str) -> Iterator[None]:
+def reading(flag: str, root: str, step: Callable[[], int] | None = None) -> Iterator[None]:
     """Errors of the readers while batches are read, as one-line TrainErrors naming what to do.
 
     A damaged clip (a CRC mismatch with ``--verify-data``, a label outside the
@@ -67,6 +70,12 @@ def reading(flag: str, root: str) -> Iterator[None]:
     verify = f"python -m convert verify {root} checks the shards for damage"
     try:
         yield
+    except RemoteError as exc:
+        # A URL that stayed unreachable through the retries, or refuses us: the run stops at the step it reached,
+        # its checkpoints untouched, and --resume continues once the store answers again.
+        at = f" at step {step()}" if step is not None else ""
+        raise TrainError(f"{flag}: {_original_message(exc)}; the run stopped{at} (its last checkpoint is intact: "
+                         f"--resume continues)") from exc
     except FormatError as exc:
         raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
     except RuntimeError as exc:

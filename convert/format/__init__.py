@@ -35,7 +35,7 @@ from .layout import (
 )
 from .manifest import DATA_KEYS, DataSpec, Manifest, ShardEntry, check_plan, check_shard_meta, read_manifest, shard_meta
 from .records import STATUSES, VideoRecord, sort_records
-from .store import ClipSample, ClipStore, open_clips
+from .store import ClipSample, ClipStore, manifest_at, open_clips
 
 __all__ = [
     "BACKENDS", "CODECS_BY_ID", "DAMAGED_DIR", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOCK",
@@ -43,5 +43,5 @@ __all__ = [
     "Backend", "ClipHeader", "ClipSample", "ClipStore", "Codec", "DataSpec", "FormatError", "Manifest", "Payload",
     "ShardDamaged", "ShardEntry", "ShardMissing", "ShardReader", "ShardWriter", "StoreError", "StoreFullError",
     "VideoRecord", "check_crc", "check_plan", "check_shard_meta", "codec_for_id", "get_backend", "get_codec",
-    "open_clips", "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
+    "manifest_at", "open_clips", "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
 ]

@@ -10,9 +10,12 @@ from several threads. Imports neither torch nor PyAV.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +25,14 @@ from .codecs import Codec, codec_for_id
 from .errors import FormatError
 from .layout import ClipHeader, check_crc
 from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
+from .remote import is_url
+
+if TYPE_CHECKING:
+    from .cache import CacheSettings, Hold, Prefetcher, ShardCache
+
+# Readers of a remote conversion a store keeps open while idle (their shards are not held in the cache: an
+# evicted one is reopened on its next use).
+IDLE_HOLD = 16
 
 
 @dataclass(frozen=True)
@@ -35,23 +46,48 @@ class ClipSample:
 
 
 class ClipStore(Sequence):
-    """All clips of a conversion, in manifest shard order, then video id, then clip index."""
+    """All clips of a conversion, in manifest shard order, then video id, then clip index.
 
-    def __init__(self, root: str) -> None:
+    ``root`` is a folder or a URL (``s3://``, ``gs://``, ``http(s)://``,
+    ``file://``...). A URL is read through a local ``ShardCache`` (``cache``
+    gives its settings): ``root`` is then the cache's mirror folder, ``url``
+    the URL, and each shard is fetched whole and verified before its first
+    read; ``cache`` is ignored for a folder.
+    """
+
+    def __init__(self, root: str, *, cache: CacheSettings | None = None) -> None:
+        self.url: str | None = None
+        self.cache: ShardCache | None = None
+        if is_url(root):
+            from .cache import ShardCache
+
+            self.url = root.rstrip("/")
+            self.cache = ShardCache(self.url, cache)
+            root = self.cache.dir
         self.root = os.path.abspath(root)
-        self.manifest: Manifest = read_manifest(self.root)
+        self.manifest: Manifest = self.cache.manifest if self.cache else read_manifest(self.root)
         self.backend = get_backend(self.manifest.data.backend)
         self.codec: Codec = codec_for_id(self.manifest.data.codec_id)
         self.classes: list[str] = list(self.manifest.classes)
         check_plan(self.root, self.manifest)
         self.shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
         self._readers: dict[int, ShardReader] = {}
+        self._setup_holds()
+        self._orders: dict[int, list[str] | None] = {}
         shard_of, ids, labels, counts = [], [], [], []
         for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest.shards)):
-            reader = self.reader(si)
-            check_shard_meta(reader.meta, self.manifest, si, path)
+            if self.cache is not None:
+                # The cache's index: no download once a shard has been seen (its summary outlives eviction).
+                summary = self.cache.summary(si)
+                stored_meta, records = summary.meta, summary.records
+                self._orders[si] = summary.storage_order
+                where = self.cache.shard_url(si)
+            else:
+                reader = self.reader(si)
+                stored_meta, records, where = reader.meta, reader.records(), path
+            check_shard_meta(stored_meta, self.manifest, si, where)
             n = 0
-            for rec in reader.records():
+            for rec in records:
                 if rec.clips:
                     shard_of.append(si)
                     ids.append(rec.video_id)
@@ -59,7 +95,7 @@ class ClipStore(Sequence):
                     counts.append(rec.clips)
                     n += rec.clips
             if n != meta.clips:
-                raise FormatError(f"{path}: holds {n} clips, manifest says {meta.clips} (truncated or replaced?)")
+                raise FormatError(f"{where}: holds {n} clips, manifest says {meta.clips} (truncated or replaced?)")
         self.video_ids: list[str] = ids
         self.video_labels = np.asarray(labels, dtype=np.int64)
         self.video_shard = np.asarray(shard_of, dtype=np.int32)
@@ -70,8 +106,118 @@ class ClipStore(Sequence):
         if bad.size:
             raise FormatError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
 
+    def _setup_holds(self) -> None:
+        self._holds: dict[int, Hold] = {}
+        self._busy: dict[int, int] = {}
+        self._used: dict[int, int] = {}
+        self._tick = 0
+        self._hold_lock = threading.RLock()
+        self._open_locks: dict[int, threading.Lock] = {}
+        self._identity: dict[int, int] = {}  # the inode of each remote shard's folder its reader opened
+        self._prefetcher: Prefetcher | None = None
+
+    @property
+    def name(self) -> str:
+        """How messages name the conversion: its URL, or its folder."""
+        return self.url or self.root
+
+    def shards_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The shard number of each clip index."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return self.video_shard[np.searchsorted(self._ends, idx, side="right")]
+
+    def prefetcher(self) -> Prefetcher | None:
+        """This process's prefetcher of the remote conversion (None for a folder); made on first use."""
+        if self.cache is None:
+            return None
+        if self._prefetcher is None:
+            from .cache import Prefetcher
+
+            self._prefetcher = Prefetcher(self.cache)
+        return self._prefetcher
+
+    def hold_all(self, shards: Sequence[int]) -> None:
+        """Fetch ``shards`` of a remote conversion and hold them until ``close()`` (DALI's native reader, which
+        opens files itself); refused in one line when they do not fit the cache together."""
+        if self.cache is None:
+            return
+        need = sum(self.cache.sizes[s] for s in set(shards))
+        if need > self.cache.limit:
+            from .cache import CacheFullError
+
+            raise CacheFullError(f"{self.url}: this reader needs {len(set(shards))} shards ({need} bytes) in the "
+                                 f"cache at once, the cache limit is {self.cache.limit} bytes: raise --cache-limit")
+        for s in shards:
+            with self._hold_lock:
+                if s in self._holds:
+                    continue
+            hold = self.cache.acquire(int(s))
+            with self._hold_lock:
+                if s in self._holds:
+                    hold.release()
+                else:
+                    self._holds[int(s)] = hold
+
+    @contextlib.contextmanager
+    def _using(self, shard: int) -> Iterator[ShardReader]:
+        """This process's reader of ``shard``; a remote shard is held in the cache (not evicted) meanwhile.
+
+        Only a read in progress holds a shard: an idle reader holds nothing, so
+        a rank that waits (at a barrier, at the end of its epoch) never keeps
+        another rank of its node from the room it needs. An idle reader whose
+        shard was evicted and fetched again is reopened on its next use.
+        """
+        if self.cache is None:
+            yield self.reader(shard)
+            return
+        hold = self.cache.acquire(shard, before_wait=lambda: self._trim(0))
+        try:
+            with self._hold_lock:
+                self._busy[shard] = self._busy.get(shard, 0) + 1
+            try:
+                yield self._current(shard)
+            finally:
+                with self._hold_lock:
+                    self._busy[shard] -= 1
+                    self._tick += 1
+                    self._used[shard] = self._tick
+                    self._trim(IDLE_HOLD)
+        finally:
+            hold.release()
+
+    def _current(self, shard: int) -> ShardReader:
+        """The reader of the copy of remote ``shard`` in the cache now (the caller holds it there)."""
+        identity = os.stat(self.shard_paths[shard]).st_ino
+        with self._hold_lock:
+            opening = self._open_locks.setdefault(shard, threading.Lock())
+        with opening:  # one open per shard, whichever thread asks first
+            r = self._readers.get(shard)
+            if r is not None and self._identity.get(shard) == identity:
+                return r
+            if r is not None:  # evicted and fetched again since: the old reader maps deleted files
+                self._readers.pop(shard)
+                if not self._busy.get(shard, 0) > 1:
+                    r.close()
+            r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
+            self._identity[shard] = identity
+            return r
+
+    def _trim(self, keep: int) -> None:
+        """Close idle readers of remote shards (least recently used first) until ``keep`` stay open."""
+        with self._hold_lock:
+            idle = sorted((self._used.get(s, 0), s) for s in self._readers if not self._busy.get(s))
+            for _, s in idle[:max(0, len(self._readers) - keep)]:
+                self._readers.pop(s).close()
+
     def reader(self, shard: int) -> ShardReader:
-        """This process's reader of shard number ``shard`` (opened on first use)."""
+        """This process's reader of shard number ``shard`` (opened on first use).
+
+        A remote shard is fetched first, but not held: reads that must not
+        race an eviction go through ``visit``.
+        """
+        if self.cache is not None:
+            self.cache.acquire(shard).release()
+            return self._current(shard)
         r = self._readers.get(shard)
         if r is None:
             r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
@@ -86,6 +232,12 @@ class ClipStore(Sequence):
         readers, self._readers = self._readers, {}
         for r in readers.values():
             r.close()
+        holds, self._holds = self._holds, {}
+        for h in holds.values():
+            h.release()
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -103,6 +255,8 @@ class ClipStore(Sequence):
     def where(self, i: int) -> str:
         """How errors name global clip ``i``: its shard and identity."""
         v, c = self.locate(i)
+        if self.cache is not None:  # named by its URL, without fetching the shard
+            return f"{self.cache.shard_url(int(self.video_shard[v]))}: {self.video_ids[v]} clip {c}"
         return self.reader(int(self.video_shard[v])).where(self.video_ids[v], c)
 
     def storage_order(self) -> np.ndarray:
@@ -119,7 +273,10 @@ class ClipStore(Sequence):
             bounds = np.searchsorted(self.video_shard, np.arange(len(self.shard_paths) + 1)).tolist()
             videos: list[int] = []
             for si in range(len(self.shard_paths)):
-                ids = self.reader(si).storage_order() or []
+                if self.cache is not None:
+                    ids = self._orders.get(si) or []
+                else:
+                    ids = self.reader(si).storage_order() or []
                 number = {self.video_ids[v]: v for v in range(bounds[si], bounds[si + 1])}
                 # Each video once (its first place), then those the order does not name, in reading order.
                 mine = dict.fromkeys(number[vid] for vid in ids if vid in number)
@@ -191,7 +348,8 @@ class ClipStore(Sequence):
                     raise FormatError(f"shape {header.shape}, the manifest says {shape}")
                 fn(pos, header, payload)
 
-            self.reader(int(shards[group[0]])).visit([refs[p] for p in positions], at)
+            with self._using(int(shards[group[0]])) as reader:
+                reader.visit([refs[p] for p in positions], at)
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first."""
@@ -218,12 +376,40 @@ class ClipStore(Sequence):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = {}  # readers hold per-process handles: reopened where the store lands
+        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher", "_identity"):
+            state.pop(key, None)  # locks and holds are this process's
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup_holds()
 
-def open_clips(root: str) -> ClipStore:
-    """Open a finished conversion for reading: ``len()``, item ``i``, ``.classes``."""
-    return ClipStore(root)
+
+def manifest_at(root: str, *, cache: CacheSettings | None = None) -> Manifest:
+    """The manifest of the conversion at ``root``, a folder or a URL (read without caching anything)."""
+    if not is_url(root):
+        return read_manifest(root)
+    import json
+
+    from .layout import MANIFEST
+    from .remote import Remote
+
+    remote = Remote(root, storage_options=cache.storage_options if cache else None)
+    raw = remote.read_bytes(MANIFEST)
+    try:
+        return Manifest.from_dict(json.loads(raw), remote.join(MANIFEST))
+    except ValueError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{remote.join(MANIFEST)}: not valid JSON: {exc}") from exc
 
 
-__all__ = ["ClipSample", "ClipStore", "open_clips"]
+def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:
+    """Open a finished conversion for reading: ``len()``, item ``i``, ``.classes``.
+
+    ``root``: a folder or a URL (read through a local cache, ``cache`` its settings; see ``ClipStore``).
+    """
+    return ClipStore(root, cache=cache)
+
+
+__all__ = ["ClipSample", "ClipStore", "manifest_at", "open_clips"]

@@ -18,14 +18,17 @@ import multiprocessing.connection
 import os
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .backends import get_backend
 from .codecs import codec_for_id
 from .errors import FormatError, ShardMissing
 from .layout import check_crc
 from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
-from .store import ClipStore
 from .system import cpu_count
+
+if TYPE_CHECKING:
+    from .store import ClipStore
 
 
 def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = True) -> list[str]:

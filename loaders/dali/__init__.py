@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from convert.format import read_manifest
+from convert.format import manifest_at
 from convert.format.system import lazy_exports
 
 _LAZY = {"DaliClipLoader": "source", "DaliTFRecordLoader": "native"}
@@ -48,7 +48,7 @@ def route_for(root: str, route: str = "auto") -> str:
         raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
     if route != "auto":
         return route
-    return "native" if read_manifest(root).data.backend == "tfrecord" else "source"
+    return "native" if manifest_at(root).data.backend == "tfrecord" else "source"
 
 
 def build_dali_loader(root: str, *, train: bool, batch_size: int, preset: Any = None, rank: int = 0,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from convert.format import ClipStore, FormatError, open_clips
+from convert.format.cache import CacheSettings
 
 from ..presets import ClipPreset
 from ..sampler import EpochPosition
@@ -135,7 +136,8 @@ class DaliLoaderBase(EpochPosition):
     """What both DALI loaders share: argument checks, the preset, the conversion, the pipeline's lifetime."""
 
     def _setup(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None, rank: int,
-               world_size: int, device_id: int | None, seed: int, prefetch: int, normalize: bool) -> None:
+               world_size: int, device_id: int | None, seed: int, prefetch: int, normalize: bool,
+               cache: CacheSettings | None = None) -> None:
         if not isinstance(train, bool):
             raise ValueError(f"train must be True or False, got {train!r}")
         batch_size = check_int("batch_size", batch_size, 1)
@@ -168,7 +170,7 @@ class DaliLoaderBase(EpochPosition):
         self.device = torch.device("cuda", device_id) if device_id is not None else None
         self.prefetch = prefetch
         self.normalize = normalize
-        self.store: ClipStore = open_clips(root)
+        self.store: ClipStore = open_clips(root, cache=cache)  # a URL: through the shard cache
         self.classes: list[str] = list(self.store.classes)
         self.codec: str = self.store.manifest.data.codec  # the manifest's name; the codec object is store.codec
         stored = self.store.manifest.data.clip.clip_len

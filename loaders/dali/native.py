@@ -80,6 +80,7 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
+from convert.format.cache import CacheSettings
 from convert.format.tfrecord.schema import BY_NAME
 
 from ..presets import ClipPreset, _centre
@@ -296,13 +297,14 @@ class DaliTFRecordLoader(DaliLoaderBase):
 
     def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, threads: int = 2,
-                 prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0) -> None:
+                 prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0,
+                 cache: CacheSettings | None = None) -> None:
         threads = check_int("threads", threads, 1)
         if isinstance(shuffle_buffer_mb, bool) or not isinstance(shuffle_buffer_mb, (int, float)) \
                 or not shuffle_buffer_mb > 0:
             raise ValueError(f"shuffle_buffer_mb must be a number > 0, got {shuffle_buffer_mb!r}")
         self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
-                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize)
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache)
         self.threads = threads
         manifest = self.store.manifest
         if manifest.data.backend != "tfrecord":
@@ -565,6 +567,11 @@ class DaliTFRecordLoader(DaliLoaderBase):
 
     def _pipeline(self, epoch: int, checkpoint: bytes | None = None, build: bool = True) -> Pipeline:
         """Epoch ``epoch``'s pipeline for this rank (``build=False``: defined only)."""
+        if build:
+            # A remote conversion: DALI's reader opens the part and index files itself, so every shard the
+            # pipeline may read is fetched and held in the cache first (refused in one line when they cannot
+            # all fit): DALI's own file-level shuffle decides which parts each epoch reads.
+            self.store.hold_all(range(len(self.store.manifest.shards)))
         return _build(files=self._files, indexes=self._indexes, codec=self.store.codec,
                       stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size,
                       threads=self.threads, device_id=self.device_id, prefetch=self.prefetch, shard=self.rank,

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
+from convert.format.cache import CacheSettings
 from convert.format.system import cpu_count
 
 from ..presets import ClipPreset
@@ -140,7 +141,7 @@ class DaliClipLoader(DaliLoaderBase):
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int = 2,
                  prefetch: int = 2, normalize: bool = False, drop_last: bool | None = None,
                  start_method: str | None = None, verify: bool = False,
-                 share: Sequence[int] | np.ndarray | None = None) -> None:
+                 share: Sequence[int] | np.ndarray | None = None, cache: CacheSettings | None = None) -> None:
         workers = check_int("workers", workers, 0)
         if not isinstance(verify, bool):
             raise ValueError(f"verify must be True or False, got {verify!r}")
@@ -151,7 +152,7 @@ class DaliClipLoader(DaliLoaderBase):
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be None or one of {', '.join(START_METHODS)}, got {start_method!r}")
         self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
-                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize)
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache)
         self.workers, self.start_method = workers, start_method
         self.verify = verify
         self.drop_last = train if drop_last is None else drop_last

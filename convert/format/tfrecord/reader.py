@@ -23,6 +23,29 @@ DATA = "tfrecord"  # a part's record file: part-NNNNN.tfrecord
 INDEX = "idx"  # its DALI index: part-NNNNN.idx
 
 
+def committed_videos(path: str, parts: list[dict]) -> tuple[list[VideoRecord], dict[str, tuple[int, int]]]:
+    """The shard's video records in reading order, and where each video's clips start: (part, first record)."""
+    by_id = latest_records(parts, path)  # a later part's record wins
+    where = {vid: (p, first) for vid, (_, p, first) in by_id.items()}
+    return sort_records([rec for rec, _, _ in by_id.values()]), where
+
+
+def storage_order_of(records: list[VideoRecord], where: dict[str, tuple[int, int]]) -> list[str]:
+    """The ids of the videos with clips in the order their clips lie in the part files (exact)."""
+    # A video's clips are consecutive records of the part that holds its record.
+    clips = {r.video_id: r.clips for r in records}
+    return [vid for vid in sorted(where, key=where.__getitem__) if clips.get(vid)]
+
+
+def shard_index(path: str) -> tuple[dict | None, list[VideoRecord], list[str]]:
+    """(metadata, video records, storage order) of the shard at ``path`` from its small files only (shard.json
+    and the part commits), without its record files: what a reader indexes a remote shard by before
+    downloading it."""
+    meta = read_json_file(os.path.join(path, META_FILE), "shard metadata")
+    records, where = committed_videos(path, PartLog(path).committed())
+    return (meta if isinstance(meta, dict) else None), records, storage_order_of(records, where)
+
+
 class TFRecordReader(ShardReader):
     """A finished (or committed-so-far) TFRecord shard: part files read through memory maps."""
 
@@ -54,9 +77,7 @@ class TFRecordReader(ShardReader):
                                   f"{records} records")
             if records:
                 self._index[part["part"]] = self._load_index(part)
-        by_id = latest_records(self._parts, path)  # a later part's record wins
-        self._records = sort_records([rec for rec, _, _ in by_id.values()])
-        self._where = {vid: (p, first) for vid, (_, p, first) in by_id.items()}
+        self._records, self._where = committed_videos(path, self._parts)
         self._maps: dict[int, mmap.mmap] = {}
         self._lock = threading.Lock()
 
@@ -94,9 +115,7 @@ class TFRecordReader(ShardReader):
         return self._records
 
     def storage_order(self) -> list[str]:
-        # Exact: a video's clips are consecutive records of the part that holds its record.
-        clips = {r.video_id: r.clips for r in self._records}
-        return [vid for vid in sorted(self._where, key=self._where.__getitem__) if clips.get(vid)]
+        return storage_order_of(self._records, self._where)
 
     def files(self) -> list[dict]:
         """The record files and their index files (paths relative to the shard folder)."""

@@ -1,0 +1,587 @@
+"""The local shard cache of a conversion at a URL: ``ShardCache(url, CacheSettings(...))``.
+
+A remote conversion is read through a local folder that mirrors its layout
+(``manifest.json``, ``plan.json``, ``shards/<name>/``): the readers then open
+ordinary local shards, and DALI's reader ordinary local TFRecord files.
+
+- **Whole shards, verified on arrival.** A shard is downloaded into a
+  temporary folder, checked against the manifest (sizes, every count, the
+  shard metadata, every payload's CRC-32 and the shard checksum: the shard
+  verifier's check, ``verify_shard``), and renamed into place only then; a
+  reader never opens a half-downloaded or unchecked shard.
+- **Shared by the processes of a node.** Each shard has a lock file: a
+  reader holds it shared while the shard is open, a download holds it
+  exclusive, so one download serves every rank and worker of the node, and a
+  crashed download (its lock released by the kernel) leaves only a temporary
+  folder that the next download removes.
+- **Bounded.** ``limit`` bytes in all; before a download, the least recently
+  used shards that no reader holds are evicted until it fits. A download that
+  cannot fit waits for readers to let go, up to ``wait_s``, then fails in one
+  line.
+- **Errors** name the URL and the reason: a missing object, a truncated one,
+  a checksum mismatch (``FormatError``); an unreachable endpoint, missing
+  credentials, a full disk (``RemoteError``). Transient errors are retried
+  with backoff (``remote.retried``).
+
+``Prefetcher`` fetches, in the background, the shards a reading order will
+need next. The index a reader needs at open (each shard's metadata and video
+records) is kept beside the shards, small, so that it survives eviction and
+later opens need no download.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import FormatError, ShardMissing
+from .layout import MANIFEST, PLAN
+from .manifest import Manifest
+from .records import VideoRecord, sort_records
+from .remote import ATTEMPTS, BACKOFF_S, Remote, RemoteError
+
+# The default limit: this fraction of the cache disk's free space (plus what the cache already holds), so that
+# the cache never fills a disk other programs write to.
+DEFAULT_FRACTION = 0.8
+INDEX_DIR = ".index"
+LOCK_DIR = ".locks"
+RESERVE_DIR = ".reserve"
+DOWNLOAD_LOG = "downloads.log"
+# Files of a shard folder a reader never needs (LMDB readers open without a lock file).
+_SKIP = ("lock.mdb",)
+
+
+def default_cache_dir() -> str:
+    """The user's cache folder for shards: ``$XDG_CACHE_HOME/videoclips`` (``~/.cache/videoclips``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "videoclips")
+
+
+class CacheFullError(RemoteError):
+    """The cache cannot take a shard: its limit is held by shards in use, or its disk is full."""
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """How a remote conversion is cached (``open_clips(url, cache=...)``, the trainer's ``--cache-*``).
+
+    ``cache_dir``: where (default ``default_cache_dir()``); ``limit``: bytes
+    the cache may hold (default DEFAULT_FRACTION of its disk's free space);
+    ``prefetch``: shards fetched ahead of the reading; ``downloads``: shards
+    downloaded at once; ``attempts``/``backoff``: the retry loop of each
+    transfer; ``wait_s``: how long a download waits for readers to release
+    room; ``storage_options``: passed to fsspec (an endpoint, a profile...).
+    """
+
+    cache_dir: str | None = None
+    limit: int | None = None
+    prefetch: int = 2
+    downloads: int = 4
+    attempts: int = ATTEMPTS
+    backoff: float = BACKOFF_S
+    wait_s: float = 600.0
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, low in (("prefetch", 0), ("downloads", 1), ("attempts", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"cache {name} must be an integer >= {low}, got {value!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise ValueError(f"cache limit must be a number of bytes >= 1, got {self.limit!r}")
+        for name in ("backoff", "wait_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"cache {name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.storage_options, dict):
+            raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
+
+
+def parse_bytes(text: str) -> int:
+    """``"20G"``, ``"500M"``, ``"123456"`` (K, M, G, T: powers of 1024) as a number of bytes."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = raw[-1:] if raw[-1:] in units and raw[-1:] else ""
+    number = raw[:-1] if unit else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size in bytes (such as 500M, 20G)") from None
+    if not value > 0:
+        raise ValueError(f"{text!r}: a size must be > 0")
+    return int(value * units[unit])
+
+
+@contextlib.contextmanager
+def _flock(path: str, how: int) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, how)
+        yield fd
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _try_exclusive(path: str) -> int | None:
+    """An exclusive lock on ``path`` taken without waiting (its fd), or None when someone holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class Hold:
+    """A reader's hold on a cached shard (a shared lock): the shard is not evicted until ``release()``."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class ShardSummary:
+    """What a reader needs of a shard at open, kept in the cache's index: metadata, records, storage order."""
+
+    meta: dict | None
+    records: list[VideoRecord]
+    storage_order: list[str] | None
+    bytes: int
+
+
+class ShardCache:
+    """The local mirror of the conversion at ``url`` (see the module docstring); picklable."""
+
+    def __init__(self, url: str, settings: CacheSettings | None = None) -> None:
+        self.settings = settings = settings or CacheSettings()
+        self.url = url.rstrip("/")
+        self.remote = Remote(self.url, storage_options=settings.storage_options, attempts=settings.attempts,
+                             backoff=settings.backoff)
+        base = os.path.abspath(settings.cache_dir or default_cache_dir())
+        tail = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.url.split("://", 1)[-1])[-40:]
+        self.dir = os.path.join(base, f"{hashlib.sha256(self.url.encode()).hexdigest()[:16]}-{tail}")
+        try:
+            for sub in (LOCK_DIR, INDEX_DIR, RESERVE_DIR):
+                os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        except OSError as exc:
+            raise CacheFullError(f"{self.url}: cannot make the cache folder {self.dir}: {exc.strerror}") from exc
+        raw = self.remote.read_bytes(MANIFEST)
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise FormatError(f"{self.remote.join(MANIFEST)}: not valid JSON: {exc}") from exc
+        self.manifest = Manifest.from_dict(parsed, self.remote.join(MANIFEST))
+        with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
+            self._mirror_metadata(raw)
+        self.files = self._list_shards()
+        self.sizes = [sum(f.values()) for f in self.files]
+        self.limit = settings.limit if settings.limit is not None else self._default_limit()
+        need = max(self.sizes, default=0) * (1 + settings.prefetch)
+        if self.limit < need:
+            raise CacheFullError(f"{self.url}: cache limit {self.limit} bytes is smaller than the largest shard "
+                                 f"({max(self.sizes)} bytes) times {1 + settings.prefetch} (one read, "
+                                 f"{settings.prefetch} prefetched): raise --cache-limit to {need} or more")
+        self.fetched = 0  # shards this process downloaded
+        self.fetched_bytes = 0
+        self._io_lock = threading.Lock()
+
+    # -- the mirror's metadata ------------------------------------------------
+    def _mirror_metadata(self, raw: bytes) -> None:
+        """manifest.json (and plan.json) in the mirror; another conversion at the URL empties it first."""
+        path = os.path.join(self.dir, MANIFEST)
+        try:
+            with open(path, "rb") as f:
+                old = f.read()
+        except FileNotFoundError:
+            old = None
+        if old is not None and old != raw:
+            # The URL now holds another conversion (or another run of it): nothing cached is known to belong.
+            for name in os.listdir(self.dir):
+                if name not in (LOCK_DIR, ".cache.lock", RESERVE_DIR):
+                    full = os.path.join(self.dir, name)
+                    shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
+            os.makedirs(os.path.join(self.dir, INDEX_DIR), exist_ok=True)
+        try:
+            plan = self.remote.read_bytes(PLAN)
+        except ShardMissing:
+            plan = None  # plan.json is optional (FORMAT.md)
+        if plan is not None:
+            self._write_atomic(os.path.join(self.dir, PLAN), plan)
+        if old != raw:
+            self._write_atomic(path, raw)
+
+    @staticmethod
+    def _write_atomic(path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def _list_shards(self) -> list[dict[str, int]]:
+        """Per shard: {file relative to its folder: size}, from one listing per folder of shards."""
+        parents = sorted({os.path.dirname(s.path) for s in self.manifest.shards})
+        listed: dict[str, int] = {}
+        for parent in parents:
+            for rel, size in self.remote.files(parent).items():
+                listed[f"{parent}/{rel}" if parent else rel] = size
+        out = []
+        for s in self.manifest.shards:
+            prefix = s.path.rstrip("/") + "/"
+            mine = {k[len(prefix):]: v for k, v in listed.items()
+                    if k.startswith(prefix) and os.path.basename(k) not in _SKIP}
+            if not mine:
+                raise ShardMissing(f"{self.remote.join(s.path)}: the manifest names shard {s.name}, no object "
+                                   f"is there")
+            out.append(mine)
+        return out
+
+    def _default_limit(self) -> int:
+        held = sum(self.sizes[i] for i in range(len(self.sizes)) if self.present(i))
+        return int(shutil.disk_usage(self.dir).free * DEFAULT_FRACTION) + held
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_io_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._io_lock = threading.Lock()
+
+    # -- paths ----------------------------------------------------------------
+    def local_path(self, index: int) -> str:
+        """Where shard ``index`` lies in the mirror once fetched."""
+        return os.path.join(self.dir, self.manifest.shards[index].path)
+
+    def shard_url(self, index: int) -> str:
+        return self.remote.join(self.manifest.shards[index].path)
+
+    def _lock_path(self, index: int) -> str:
+        return os.path.join(self.dir, LOCK_DIR, f"{self.manifest.shards[index].name}.lock")
+
+    def present(self, index: int) -> bool:
+        """Whether shard ``index`` is in the cache, whole and verified."""
+        return os.path.isdir(self.local_path(index))
+
+    def held_bytes(self) -> int:
+        """Bytes of the shards in the cache now."""
+        return sum(self.sizes[i] for i in range(len(self.sizes)) if self.present(i))
+
+    # -- holding and fetching ---------------------------------------------------
+    def acquire(self, index: int, *, before_wait: Callable[[], None] | None = None) -> Hold:
+        """Shard ``index`` in the cache (fetched now unless there) and held against eviction.
+
+        ``before_wait`` is called when the download must wait for room (the
+        caller's own idle shards can then be released).
+        """
+        lock = self._lock_path(index)
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if self.present(index):
+                os.utime(lock)  # its last use, for the LRU order
+                return Hold(fd)
+            os.close(fd)
+            self.fetch(index, wait=True, before_wait=before_wait)
+
+    def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None) -> bool:
+        """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room."""
+        with _flock(self._lock_path(index), fcntl.LOCK_EX):
+            if self.present(index):
+                return True
+            entry = self.manifest.shards[index]
+            final = self.local_path(index)
+            parent = os.path.dirname(final)
+            os.makedirs(parent, exist_ok=True)
+            for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
+                if name.startswith(f".tmp-{entry.name}-"):
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            if not self._reserve(index, wait=wait, before_wait=before_wait):
+                return False
+            tmp = os.path.join(parent, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
+            try:
+                self._download(index, tmp)
+                summary = self._verify(index, tmp)
+                self._check_indexed(index, summary)
+                os.rename(tmp, final)
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    free = shutil.disk_usage(self.dir).free
+                    raise CacheFullError(f"{self.shard_url(index)}: no space left in the cache {self.dir} "
+                                         f"({free} bytes free, the shard needs {self.sizes[index]}): free the "
+                                         f"disk or lower --cache-limit") from exc
+                raise
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, RESERVE_DIR, entry.name))
+            self._save_summary(index, summary)
+            with self._io_lock:
+                self.fetched += 1
+                self.fetched_bytes += self.sizes[index]
+            with open(os.path.join(self.dir, DOWNLOAD_LOG), "a") as f:
+                f.write(f"{entry.name} {self.sizes[index]} {os.getpid()}\n")  # one write: O_APPEND keeps lines whole
+            return True
+
+    def _download(self, index: int, tmp: str) -> None:
+        entry = self.manifest.shards[index]
+        expected = {f["path"]: f["bytes"] for f in entry.extras.get("files", []) if isinstance(f, dict)}
+        for rel, size in sorted(self.files[index].items()):
+            local = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            want = expected.get(rel, size)
+            if want != size:
+                raise FormatError(f"{self.remote.join(f'{entry.path}/{rel}')}: {size} bytes, the manifest says "
+                                  f"{want} (truncated or replaced object?)")
+            self.remote.download(f"{entry.path}/{rel}", local, want)
+        missing = sorted(set(expected) - set(self.files[index]))
+        if missing:
+            raise ShardMissing(f"{self.remote.join(f'{entry.path}/{missing[0]}')}: no such object (the manifest "
+                               f"lists it)")
+
+    def _verify(self, index: int, tmp: str) -> ShardSummary:
+        """The downloaded shard checked as ``verify`` checks it; FormatError naming its URL at the first problem."""
+        from .backends import get_backend
+        from .verify import verify_shard
+
+        problems = verify_shard(tmp, index, self.manifest, decode=False)
+        if problems:
+            text = problems[0].replace(tmp, self.shard_url(index))
+            if not text.startswith(self.shard_url(index)):
+                text = f"{self.shard_url(index)}: {text}"
+            raise FormatError(f"{text} (found on arrival; the shard was not cached)")
+        reader = get_backend(self.manifest.data.backend).reader(tmp)
+        try:
+            return ShardSummary(reader.meta, list(reader.records()), reader.storage_order(), self.sizes[index])
+        finally:
+            reader.close()
+
+    def _check_indexed(self, index: int, arrived: ShardSummary) -> None:
+        """A shard indexed before its download (from its small files) must be the shard that arrived."""
+        indexed = self._load_summary(index)
+        if indexed is None:
+            return
+        if (indexed.meta, indexed.records, indexed.storage_order) != (arrived.meta, arrived.records,
+                                                                       arrived.storage_order):
+            raise FormatError(f"{self.shard_url(index)}: its video records changed since the cache indexed it "
+                              f"(replaced while being read?)")
+
+    # -- room -------------------------------------------------------------------
+    def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None) -> bool:
+        """Room for shard ``index`` within the limit, evicting LRU shards no reader holds; False if none (no wait)."""
+        name = self.manifest.shards[index].name
+        size = self.sizes[index]
+        deadline = time.monotonic() + self.settings.wait_s
+        waited = False
+        while True:
+            with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
+                used = self.held_bytes() + self._reserved()
+                if used + size > self.limit:
+                    used -= self._evict(used + size - self.limit, keep=index)
+                if used + size <= self.limit:
+                    self._write_atomic(os.path.join(self.dir, RESERVE_DIR, name), str(size).encode())
+                    return True
+            if not wait:
+                return False
+            if not waited and before_wait is not None:
+                before_wait()
+                waited = True
+                continue
+            if time.monotonic() > deadline:
+                raise CacheFullError(f"{self.shard_url(index)}: the cache {self.dir} (limit {self.limit} bytes) "
+                                     f"cannot take this shard ({size} bytes): {used} bytes are held by readers "
+                                     f"or downloads; raise --cache-limit")
+            time.sleep(0.05)
+
+    def _reserved(self) -> int:
+        """Bytes reserved by downloads in progress; a reservation whose download died is dropped."""
+        total = 0
+        folder = os.path.join(self.dir, RESERVE_DIR)
+        for name in os.listdir(folder):
+            fd = _try_exclusive(os.path.join(self.dir, LOCK_DIR, f"{name}.lock"))
+            if fd is not None:  # nobody downloads it: stale
+                os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+                continue
+            with contextlib.suppress(FileNotFoundError, ValueError), open(os.path.join(folder, name)) as f:
+                total += int(f.read() or 0)
+        return total
+
+    def _evict(self, need: int, *, keep: int) -> int:
+        """Evict least recently used shards no reader holds until ``need`` bytes are freed; the bytes freed."""
+        candidates = []
+        for i in range(len(self.sizes)):
+            if i != keep and self.present(i):
+                try:
+                    candidates.append((os.path.getmtime(self._lock_path(i)), i))
+                except FileNotFoundError:
+                    candidates.append((0.0, i))
+        freed = 0
+        for _, i in sorted(candidates):
+            if freed >= need:
+                break
+            fd = _try_exclusive(self._lock_path(i))
+            if fd is None:
+                continue  # a reader holds it (or it is being fetched)
+            try:
+                final = self.local_path(i)
+                gone = os.path.join(os.path.dirname(final), f".evict-{self.manifest.shards[i].name}-{os.getpid()}")
+                os.rename(final, gone)  # at once absent for every process, then removed at leisure
+                shutil.rmtree(gone, ignore_errors=True)
+                freed += self.sizes[i]
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
+        return freed
+
+    # -- the index ----------------------------------------------------------------
+    def _summary_path(self, index: int) -> str:
+        entry = self.manifest.shards[index]
+        return os.path.join(self.dir, INDEX_DIR, f"{entry.name}-{entry.sha256[:16]}.json")
+
+    def _save_summary(self, index: int, s: ShardSummary) -> None:
+        data = {"meta": s.meta, "records": [r.to_dict() for r in s.records], "storage_order": s.storage_order,
+                "bytes": s.bytes}
+        self._write_atomic(self._summary_path(index), json.dumps(data).encode())
+
+    def _index_from_small_files(self, index: int) -> bool:
+        """Index a TFRecord shard from its metadata and part commits alone (kilobytes, not the record files)."""
+        if self.manifest.data.backend != "tfrecord":
+            return False  # an LMDB shard's records are inside its one data file: indexed when it arrives
+        from .tfrecord.reader import META_FILE, shard_index
+
+        entry = self.manifest.shards[index]
+        small = sorted(rel for rel in self.files[index] if rel == META_FILE or rel.endswith(".json"))
+        tmp = os.path.join(self.dir, INDEX_DIR, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
+        os.makedirs(tmp, exist_ok=True)
+        try:
+            for rel in small:
+                self.remote.download(f"{entry.path}/{rel}", os.path.join(tmp, rel), self.files[index][rel])
+            meta, records, order = shard_index(tmp)
+        except FormatError as exc:
+            raise FormatError(str(exc).replace(tmp, self.shard_url(index))) from exc
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._save_summary(index, ShardSummary(meta, records, order, self.sizes[index]))
+        return True
+
+    def _load_summary(self, index: int) -> ShardSummary | None:
+        """The index entry of shard ``index``; None when there is none or it is damaged (then removed)."""
+        path = self._summary_path(index)
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            return ShardSummary(d["meta"], [VideoRecord.from_dict(r, path) for r in d["records"]],
+                                d["storage_order"], int(d["bytes"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            # Damaged (a crash of the machine mid-write): the shard itself says it again.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return None
+
+    def summary(self, index: int) -> ShardSummary:
+        """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
+        path = self._summary_path(index)
+        if not os.path.exists(path) and not self._index_from_small_files(index):
+            self.fetch(index)
+        found = self._load_summary(index)
+        if found is not None:
+            return found
+        # The entry was damaged: the shard itself (fetched if need be) says it again.
+        from .backends import get_backend
+
+        hold = self.acquire(index)
+        try:
+            reader = get_backend(self.manifest.data.backend).reader(self.local_path(index))
+            s = ShardSummary(reader.meta, sort_records(list(reader.records())), reader.storage_order(),
+                             self.sizes[index])
+            reader.close()
+        finally:
+            hold.release()
+        self._save_summary(index, s)
+        return s
+
+    def downloads(self) -> list[str]:
+        """Names of the shards downloaded into this cache so far, by every process, in order."""
+        try:
+            with open(os.path.join(self.dir, DOWNLOAD_LOG)) as f:
+                return [line.split()[0] for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
+class Prefetcher:
+    """Fetches, in background threads, the shards a reading order needs next (``settings.prefetch`` ahead).
+
+    ``plan(shards)`` gives an epoch's shards in the order it first needs
+    them; ``advance(k)`` says the reading has reached the k-th of them. A
+    prefetch never waits for room and never raises: a shard it could not
+    fetch is fetched (or its error raised) by the reader that needs it.
+    """
+
+    def __init__(self, cache: ShardCache) -> None:
+        self.cache = cache
+        self._pool = ThreadPoolExecutor(cache.settings.downloads, thread_name_prefix="shard-prefetch")
+        self._lock = threading.Lock()
+        self._plan: list[int] = []
+        self._pos = 0
+        self._inflight: set[int] = set()
+        self.errors: list[str] = []
+
+    def plan(self, shards: Sequence[int]) -> None:
+        with self._lock:
+            self._plan, self._pos = [int(s) for s in shards], 0
+        self.advance(0)
+
+    def advance(self, position: int) -> None:
+        with self._lock:
+            self._pos = max(self._pos, position)
+            want = self._plan[self._pos:self._pos + 1 + self.cache.settings.prefetch]
+            todo = [s for s in want if s not in self._inflight and not self.cache.present(s)]
+            self._inflight.update(todo)
+        for s in todo:
+            self._pool.submit(self._fetch, s)
+
+    def _fetch(self, shard: int) -> None:
+        try:
+            self.cache.fetch(shard, wait=False)
+        except (OSError, FormatError) as exc:
+            self.errors.append(str(exc))  # the reader that needs the shard fetches it again and raises
+        finally:
+            with self._lock:
+                self._inflight.discard(shard)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["DEFAULT_FRACTION", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache", "ShardSummary",
+           "default_cache_dir", "parse_bytes"]
