@@ -4,7 +4,7 @@ One run, side by side: clips/s of one epoch read from the local folder, and
 from a local S3 endpoint (moto's standalone server on 127.0.0.1, through
 s3fs) with a cold cache, a warm cache, and a cache smaller than the data;
 for each, the bytes downloaded during the epoch against the dataset's size,
-in random and block order (``DistributedClipSampler(order=...)``). The
+in random, block and shard-windowed order (``DistributedClipSampler(order=...)``). The
 endpoint is on the same machine, so the figures show what the cache costs
 (download, verification on arrival, renames), not a network's bandwidth.
 Needs the ``dev`` extra (moto[server], s3fs).
@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-ORDERS = ("random", "blocks")
+ORDERS = ("random", "blocks", "shards")
 
 
 def _build(root: str, videos: int, shards: int) -> str:
@@ -47,9 +47,15 @@ def _epoch(root: str, order: str, *, cache, threads: int, batch: int) -> tuple[f
     opened = ds.store.cache.fetched_bytes if ds.store.cache else 0
     t0 = time.perf_counter()
     t_open = t0 - t_open
-    storage = ds.store.storage_order() if order == "blocks" else None
-    sampler = DistributedClipSampler(len(ds), num_replicas=1, rank=0, seed=0, order=order, storage_order=storage,
-                                     block=16, window=2)
+    from loaders.sampler import clip_shards
+
+    settings: dict = {
+        "random": {},
+        "blocks": {"storage_order": ds.store.storage_order(), "block": 16, "window": 2},
+        # Two shards resident at a time: the smallest cache row holds three (one read, two prefetched).
+        "shards": {"clip_shards": clip_shards(ds.store), "shard_window": 2},
+    }[order]
+    sampler = DistributedClipSampler(len(ds), num_replicas=1, rank=0, seed=0, order=order, **settings)
     loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, threads=threads, drop_last=False)
     n = 0
     for b in loader:

@@ -22,7 +22,7 @@ COPY pyproject.toml ./
 COPY docker/dependencies.py ./docker/
 # The requirement list comes from pyproject.toml (its own pins), less torch.
 # hadolint ignore=DL3013,SC2046
-RUN pip install $(python docker/dependencies.py --extra dask --without torch)
+RUN pip install $(python docker/dependencies.py --extra dask --extra remote --without torch)
 # README.md is the package's long description (pyproject.toml). These come after the dependencies, so
 # a change to the code, the entry point or the documentation rebuilds only the project's own layers.
 COPY README.md FORMAT.md ./

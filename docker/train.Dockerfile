@@ -26,7 +26,7 @@ WORKDIR /opt/videoclips
 COPY pyproject.toml ./
 COPY docker/dependencies.py ./docker/
 # hadolint ignore=DL3013,SC2046
-RUN pip install $(python docker/dependencies.py --extra dali-cu13)
+RUN pip install $(python docker/dependencies.py --extra dali-cu13 --extra remote)
 # README.md is the package's long description (pyproject.toml). These come after the dependencies, so
 # a change to the code, the entry point or the documentation rebuilds only the project's own layers.
 COPY README.md FORMAT.md ./

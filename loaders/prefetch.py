@@ -26,19 +26,24 @@ def item_index(item: Any) -> int:
     return int(item[1]) if isinstance(item, (tuple, list)) else int(item)
 
 
-def shard_order(store: ClipStore, items: Sequence[Any], sampler: Any = None) -> tuple[list[int], np.ndarray]:
-    """The shards ``items`` read, in the order they are first needed, and the item position of each first need.
+def shard_order(store: ClipStore, items: Sequence[Any],
+                sampler: Any = None) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The shards ``items`` read, in the order they are first needed, with the item positions of each one's
+    first and last need.
 
-    Derived from the items themselves (any sampler's order); a sampler that
-    states its shard order (a shard-windowed order) can answer here instead.
+    Derived from the items themselves: this rank's own share, in any
+    sampler's order (the same spans ``DistributedClipSampler.shard_schedule``
+    gives for all ranks together).
     """
-    del sampler  # the one place a sampler's own shard order would be taken
+    del sampler  # the items are the order; the sampler is not asked
     if not len(items):
-        return [], np.zeros(0, dtype=np.int64)
+        return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     shards = store.shards_of(np.fromiter((item_index(it) for it in items), dtype=np.int64, count=len(items)))
     distinct, first = np.unique(shards, return_index=True)
+    _, from_end = np.unique(shards[::-1], return_index=True)  # same sorted shards: their last need
+    last = len(shards) - 1 - from_end
     by_need = np.argsort(first, kind="stable")
-    return [int(s) for s in distinct[by_need]], first[by_need]
+    return [int(s) for s in distinct[by_need]], first[by_need], last[by_need]
 
 
 class PrefetchingSampler(Sampler):
@@ -54,13 +59,15 @@ class PrefetchingSampler(Sampler):
         if prefetcher is None:
             yield from items
             return
-        shards, first = shard_order(self.store, items, self.sampler)
+        shards, first, last = shard_order(self.store, items, self.sampler)
         prefetcher.plan(shards)
         reached = 0
         for pos, item in enumerate(items):
             if reached + 1 < len(first) and first[reached + 1] <= pos:
                 reached = int(np.searchsorted(first, pos, side="right")) - 1
-                prefetcher.advance(reached)
+                # The shards begun and not finished: a prefetch does not evict them to make room.
+                live = [shards[j] for j in range(reached + 1) if last[j] >= pos]
+                prefetcher.advance(reached, live=live)
             yield item
 
     def __len__(self) -> int:

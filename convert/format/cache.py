@@ -40,7 +40,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -305,8 +305,13 @@ class ShardCache:
             os.close(fd)
             self.fetch(index, wait=True, before_wait=before_wait)
 
-    def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None) -> bool:
-        """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room."""
+    def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None,
+              spare: Collection[int] = ()) -> bool:
+        """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room.
+
+        ``spare``: shards the room is not made by evicting (a prefetch spares
+        those the reading order still needs before the one it fetches).
+        """
         with _flock(self._lock_path(index), fcntl.LOCK_EX):
             if self.present(index):
                 return True
@@ -317,7 +322,7 @@ class ShardCache:
             for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
                 if name.startswith(f".tmp-{entry.name}-"):
                     shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            if not self._reserve(index, wait=wait, before_wait=before_wait):
+            if not self._reserve(index, wait=wait, before_wait=before_wait, spare=spare):
                 return False
             tmp = os.path.join(parent, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
             try:
@@ -391,7 +396,8 @@ class ShardCache:
                               f"(replaced while being read?)")
 
     # -- room -------------------------------------------------------------------
-    def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None) -> bool:
+    def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None,
+                 spare: Collection[int] = ()) -> bool:
         """Room for shard ``index`` within the limit, evicting LRU shards no reader holds; False if none (no wait)."""
         name = self.manifest.shards[index].name
         size = self.sizes[index]
@@ -401,7 +407,7 @@ class ShardCache:
             with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
                 used = self.held_bytes() + self._reserved()
                 if used + size > self.limit:
-                    used -= self._evict(used + size - self.limit, keep=index)
+                    used -= self._evict(used + size - self.limit, keep={index, *spare})
                 if used + size <= self.limit:
                     self._write_atomic(os.path.join(self.dir, RESERVE_DIR, name), str(size).encode())
                     return True
@@ -432,11 +438,11 @@ class ShardCache:
                 total += int(f.read() or 0)
         return total
 
-    def _evict(self, need: int, *, keep: int) -> int:
-        """Evict least recently used shards no reader holds until ``need`` bytes are freed; the bytes freed."""
+    def _evict(self, need: int, *, keep: Collection[int]) -> int:
+        """Evict least recently used shards no reader holds, but those in ``keep``, until ``need`` bytes are freed."""
         candidates = []
         for i in range(len(self.sizes)):
-            if i != keep and self.present(i):
+            if i not in keep and self.present(i):
                 try:
                     candidates.append((os.path.getmtime(self._lock_path(i)), i))
                 except FileNotFoundError:
@@ -542,9 +548,13 @@ class Prefetcher:
     """Fetches, in background threads, the shards a reading order needs next (``settings.prefetch`` ahead).
 
     ``plan(shards)`` gives an epoch's shards in the order it first needs
-    them; ``advance(k)`` says the reading has reached the k-th of them. A
-    prefetch never waits for room and never raises: a shard it could not
-    fetch is fetched (or its error raised) by the reader that needs it.
+    them; ``advance(k, live=...)`` says the reading has reached the k-th of
+    them and which shards it still reads (their last clip is ahead). A
+    prefetch never waits for room, never evicts a live shard to make it (with
+    a shard-windowed order the window's shards are read together to its end:
+    evicting one to fetch the next window would fetch it again) and never
+    raises: a shard it could not fetch is fetched (or its error raised) by the
+    reader that needs it.
     """
 
     def __init__(self, cache: ShardCache) -> None:
@@ -554,6 +564,7 @@ class Prefetcher:
         self._plan: list[int] = []
         self._pos = 0
         self._inflight: set[int] = set()
+        self._live: frozenset[int] = frozenset()
         self.errors: list[str] = []
 
     def plan(self, shards: Sequence[int]) -> None:
@@ -561,9 +572,10 @@ class Prefetcher:
             self._plan, self._pos = [int(s) for s in shards], 0
         self.advance(0)
 
-    def advance(self, position: int) -> None:
+    def advance(self, position: int, *, live: Collection[int] = ()) -> None:
         with self._lock:
             self._pos = max(self._pos, position)
+            self._live = frozenset(int(x) for x in live)
             want = self._plan[self._pos:self._pos + 1 + self.cache.settings.prefetch]
             todo = [s for s in want if s not in self._inflight and not self.cache.present(s)]
             self._inflight.update(todo)
@@ -572,7 +584,9 @@ class Prefetcher:
 
     def _fetch(self, shard: int) -> None:
         try:
-            self.cache.fetch(shard, wait=False)
+            with self._lock:
+                live = self._live
+            self.cache.fetch(shard, wait=False, spare=live - {shard})
         except (OSError, FormatError) as exc:
             self.errors.append(str(exc))  # the reader that needs the shard fetches it again and raises
         finally:
