@@ -15,6 +15,7 @@ import logging
 import mmap
 import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -200,6 +201,9 @@ def install_hook() -> None:
 
 def main(argv: list[str]) -> int:
     global _phase
+    # The job stops this process itself (it kills it, which is safe at any moment): Ctrl-C reaching the
+    # whole process group must not print a traceback into the shard's log.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
     if opts.get("phase_fd") is not None:
         _phase = mmap.mmap(opts["phase_fd"], 1)
