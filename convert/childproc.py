@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, cast
 
 from . import forkserver
+from .stopsignals import stop_signals_blocked
 
 
 class Stopped(Exception):
@@ -61,11 +62,17 @@ class LineProcess:
             raise Stopped
         # Forked from a server that has imported everything already: a fork
         # instead of an interpreter's start-up per child (see convert.forkserver).
-        proc = (forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,
-                                 module=module) if use_forkserver() else None)
-        self.proc = proc or subprocess.Popen([sys.executable, "-m", module, *argv(list(keep))],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                                             pass_fds=keep)
+        proc: forkserver.ForkedProcess | subprocess.Popen[bytes] | None = None
+        if use_forkserver():
+            proc = forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,
+                                    module=module)
+        if proc is None and _stopping.is_set():
+            raise Stopped  # the server was ended by the stop: no child started the ordinary way either
+        if proc is None:
+            with stop_signals_blocked():  # until the child ignores SIGINT (its main)
+                proc = subprocess.Popen([sys.executable, "-m", module, *argv(list(keep))], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=stderr, env=env, pass_fds=keep)
+        self.proc: forkserver.ForkedProcess | subprocess.Popen[bytes] = proc
         # Both ways of starting it give the process pipes for stdin and stdout.
         self.stdin = cast(IO[bytes], self.proc.stdin)
         self.stdout = cast(IO[bytes], self.proc.stdout)

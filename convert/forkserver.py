@@ -41,6 +41,8 @@ import threading
 import traceback
 from typing import IO
 
+from .stopsignals import stop_signals_blocked, unblock_stop_signals
+
 log = logging.getLogger(__name__)
 
 _STATUS = struct.Struct("<i")
@@ -104,7 +106,8 @@ class ForkedProcess:
         else:
             # The server died before the child: its status is lost. Make sure the
             # child is gone too, and say "exited with status 255" rather than guess.
-            log.warning("fork server lost before shard process %d ended; its exit status is unknown", self.pid)
+            if not _closing:  # else the job is being stopped: it ended the server itself
+                log.warning("fork server lost before shard process %d ended; its exit status is unknown", self.pid)
             self._signal(signal.SIGKILL)
             self.returncode = 255
         os.close(self._status_fd)
@@ -144,9 +147,10 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(env)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool would be a thread at fork time
-        self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL)
+        with stop_signals_blocked():
+            self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
+                                         pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL)
         theirs.close()
         # A server that does not answer within this long is killed and the shard
         # process started the ordinary way (killed first, so it cannot fork late).
@@ -175,6 +179,7 @@ class _Server:
 
 _server: _Server | None = None
 _server_failed = False
+_closing = False  # shutdown() ran: the job is being stopped, no server is started or used again
 _server_lock = threading.Lock()
 _running: set[int] = set()  # pids of children whose exit status has not come back yet
 
@@ -219,6 +224,8 @@ def shutdown(wait: float) -> None:
     holder of one): closes the socket, lets the server reap what is left and
     exit, and kills it if it has not within ``wait``.
     """
+    global _closing
+    _closing = True
     server = _server
     if server is None:
         return
@@ -267,7 +274,7 @@ def _discard(server: _Server) -> None:
 
 def _get(env: dict[str, str]) -> _Server | None:
     global _server, _server_failed
-    if not available() or _server_failed:
+    if not available() or _server_failed or _closing:
         return None
     with _server_lock:
         if _server is not None and _server.proc.poll() is not None:
@@ -307,6 +314,8 @@ def spawn(argv: list[str], *, env: dict[str, str], stderr: int, keep: tuple[int,
     except OSError as exc:
         for fd in (in_r, in_w, out_r, out_w, status_r, status_w):
             os.close(fd)
+        if _closing:
+            return None  # the job is being stopped and closed the socket under this request
         log.warning("fork server failed (%s); starting the shard process the ordinary way", exc)
         _discard(server)
         return None
@@ -389,6 +398,7 @@ def serve(fd: int) -> int:
     # every child's exit status.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    unblock_stop_signals()  # blocked since it started (stop_signals_blocked): ignored from now on
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -20,6 +20,7 @@ from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig
 from .shard_worker import estimate_bytes, install_hook
 from .sources import VideoItem
+from .stopsignals import unblock_stop_signals
 
 
 def probe_video(item: VideoItem, config: ConvertConfig) -> int:
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> int:
     # The job stops this process itself (it kills it): Ctrl-C reaching the whole process group must not
     # print a traceback here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    unblock_stop_signals()  # blocked while it started (a Popen'ed child)
     config = ConvertConfig.from_dict(json.loads(argv[0]))
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a library prints goes where stderr goes, not into the answers
