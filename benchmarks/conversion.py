@@ -33,7 +33,7 @@ from joblib import Parallel, delayed
 
 from benchmarks import REPO_ROOT
 from convert import forkserver
-from convert.decode import FrameSpec, VideoDecoder
+from convert.decode import FrameSpec, VideoDecoder, open_video
 from convert.format import get_backend, read_manifest
 from convert.format.system import cpu_count
 from convert.job import JobOptions, run_job
@@ -81,10 +81,8 @@ def _pyav_decode(path: str, size: tuple[int, int]) -> int:
 
 
 def _pyav_reformat(path: str, size: tuple[int, int]) -> int:
-    import av
-
     n = 0
-    with av.open(path) as c:
+    with open_video(path) as c:
         for frame in c.decode(video=0):
             frame.reformat(width=size[1], height=size[0], format="rgb24").to_ndarray()
             n += 1

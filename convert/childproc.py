@@ -12,11 +12,33 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, cast
 
 from . import forkserver
+from .stopsignals import stop_signals_blocked
+
+
+class Stopped(Exception):
+    """The job is being stopped by a signal (``stop_all``): nothing more is started, sent or recorded.
+
+    ``signum``: the signal, when one of this package's children died of it.
+    """
+
+    def __init__(self, signum: int | None = None) -> None:
+        super().__init__("stopped by a signal" if signum is None else f"a child process was stopped by signal "
+                         f"{signum}")
+        self.signum = signum
+
+
+_stopping = threading.Event()
+
+
+def stopping() -> bool:
+    """Whether ``stop_all`` has run: every child is being killed, and what they answer no longer counts."""
+    return _stopping.is_set()
 
 
 def use_forkserver() -> bool:
@@ -36,20 +58,33 @@ class LineProcess:
     def __init__(self, *, module: str, argv: Callable[[list[int]], list[str]], env: dict[str, str], stderr: int,
                  keep: Sequence[int] = ()) -> None:
         keep = tuple(keep)
+        if _stopping.is_set():
+            raise Stopped
         # Forked from a server that has imported everything already: a fork
         # instead of an interpreter's start-up per child (see convert.forkserver).
-        proc = (forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,
-                                 module=module) if use_forkserver() else None)
-        self.proc = proc or subprocess.Popen([sys.executable, "-m", module, *argv(list(keep))],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
-                                             pass_fds=keep)
+        proc: forkserver.ForkedProcess | subprocess.Popen[bytes] | None = None
+        if use_forkserver():
+            proc = forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,
+                                    module=module)
+        if proc is None and _stopping.is_set():
+            raise Stopped  # the server was ended by the stop: no child started the ordinary way either
+        if proc is None:
+            with stop_signals_blocked():  # until the child ignores SIGINT (its main)
+                proc = subprocess.Popen([sys.executable, "-m", module, *argv(list(keep))], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=stderr, env=env, pass_fds=keep)
+        self.proc: forkserver.ForkedProcess | subprocess.Popen[bytes] = proc
         # Both ways of starting it give the process pipes for stdin and stdout.
         self.stdin = cast(IO[bytes], self.proc.stdin)
         self.stdout = cast(IO[bytes], self.proc.stdout)
         self._buf = b""
         _live.add(self)
+        if _stopping.is_set():  # stop_all ran while this one started: it may have missed it
+            self.proc.kill()
+            raise Stopped
 
     def send(self, obj: dict) -> None:
+        if _stopping.is_set():
+            raise Stopped
         try:
             self.stdin.write((json.dumps(obj) + "\n").encode())
             self.stdin.flush()
@@ -57,17 +92,28 @@ class LineProcess:
             pass  # the process has died: the next read sees its end and asks why
 
     def read(self, timeout: float | None) -> dict | None:
-        """The next answer; None when the process died; TimeoutError when it hangs."""
+        """The next answer; None when the process died; TimeoutError when it hangs.
+
+        ``Stopped`` instead of any of them once ``stop_all`` has run: the
+        process may have died of it, which says nothing about its work.
+        """
         fd = self.stdout.fileno()
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buf:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not forkserver.readable(fd, wait):
+            ready = forkserver.readable(fd, wait)
+            if _stopping.is_set():
+                raise Stopped
+            if not ready:
                 raise TimeoutError
             chunk = os.read(fd, 1 << 16)
             if not chunk:
+                if _stopping.is_set():
+                    raise Stopped
                 return None
             self._buf += chunk
+        if _stopping.is_set():
+            raise Stopped
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
 
@@ -99,17 +145,27 @@ class LineProcess:
 _live: set[LineProcess] = set()  # started and not closed yet
 
 
-def kill_all() -> None:
-    """Kill every child this process still runs: the job is being stopped (``convert.cli``'s signal handling).
+def stop_all(wait: float) -> None:
+    """Stop every child of this process for good: the job is being stopped (``convert.cli``'s signal handling).
 
-    Safe for the data at any moment: a shard process commits each video
+    From now on no child starts and no answer counts (``Stopped``); each
+    running child is killed, then waited for, ``wait`` seconds in all. Safe
+    for the data at any moment: a shard process commits each video
     atomically, so a killed one leaves the video for a rerun, as kill -9 does.
     """
-    for child in list(_live):
+    _stopping.set()
+    children = list(_live)
+    for child in children:
         try:
             child.proc.kill()
         except OSError:
             pass  # already gone
+    deadline = time.monotonic() + wait
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except (subprocess.TimeoutExpired, OSError):
+            pass  # killed: it ends, reaped by whoever waits for it next
 
 
-__all__ = ["LineProcess", "kill_all", "use_forkserver"]
+__all__ = ["LineProcess", "Stopped", "stop_all", "stopping", "use_forkserver"]

@@ -13,11 +13,14 @@ import dataclasses
 import difflib
 import errno
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes, parse_short_side, parse_size, whole
+from .childproc import Stopped
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
@@ -153,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                "'python -m convert inspect OUT [--sheet FILE.png]' summarises and draws sample clips; "
                "'python -m convert demo' synthesises a small dataset and converts it. "
                "Exit status: 0 done; 1 the job failed (a shard's store or process; the message names its log); "
-               "2 bad arguments or an OUT that cannot take this job.",
+               "2 bad arguments or an OUT that cannot take this job; 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) "
+               "interrupted: run the same command again to continue.",
     )
     p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
                    "or a folder of class folders")
@@ -198,6 +202,48 @@ def describe_os_error(exc: OSError) -> str:
     return f"{names}: {exc.strerror or exc}"
 
 
+INTERRUPTED = "convert: interrupted; rerun the same command to continue"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_WAIT = 5.0  # seconds the stop waits for the killed children to be reaped, then for the fork server
+
+
+def _stop_children() -> None:
+    from . import childproc, forkserver
+
+    childproc.stop_all(STOP_WAIT)
+    forkserver.shutdown(STOP_WAIT)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """Stop the job at once, as safely as kill -9 (each video commits atomically), but cleanly.
+
+    Every child is killed and reaped (none is left running), one line is
+    said, and the process ends with 128 + the signal's number, without a
+    traceback from any thread: a KeyboardInterrupt in the middle of joblib's
+    wait, or a supervisor recording a shard process that this very signal
+    killed, would be neither quiet nor safe.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stop
+    _stop_children()
+    os.write(2, (INTERRUPTED + "\n").encode())  # not print: the signal may have come in the middle of one
+    os._exit(128 + signum)
+
+
+def _stop_on_signals() -> dict:
+    """SIGINT and SIGTERM stop the job through ``_interrupted``; one this process was started ignoring
+    (``nohup``, a shell's background job) stays ignored. Returns the handlers replaced, to put back."""
+    previous: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous  # only the main thread may set handlers; the caller's own handling stays
+    for sig in STOP_SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler is not signal.SIG_IGN:
+            previous[sig] = handler
+            signal.signal(sig, _interrupted)
+    return previous
+
+
 def _mistyped_subcommand(argv: list[str]) -> str | None:
     """The sub-command a first argument that is no file was probably meant to be ("verfy" -> "verify")."""
     if not argv or argv[0].startswith("-") or os.path.exists(argv[0]):
@@ -220,6 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = _stop_on_signals()
+    try:
+        return _convert(args)
+    finally:
+        for sig, handler in previous.items():  # main() called in a process of its own (tests, a notebook)
+            signal.signal(sig, handler)
+
+
+def _convert(args: argparse.Namespace) -> int:
     try:
         config, opts = config_from_args(args)
         from .job import run_job
@@ -243,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as exc:  # names the URL and the reason; the staging folder keeps the work done
         print(f"convert: error: {exc} (rerun the same command to upload what is missing)", file=sys.stderr)
         return 1
+    except Stopped as exc:
+        # A child died of a stop signal sent to the whole process group, seen before the signal reached this
+        # process's handler: the same stop.
+        _stop_children()
+        print(INTERRUPTED, file=sys.stderr)
+        return 128 + (exc.signum or signal.SIGTERM)
     except ShardFailed as exc:
         # Not the user's input: a shard's store or process; the log named holds the rest.
         print(f"convert: error: {exc}", file=sys.stderr)

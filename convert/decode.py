@@ -9,6 +9,8 @@ dropped frames are never scaled.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -73,6 +75,86 @@ def _rotation_filters(rotation: float) -> list[str]:
     return _ROTATIONS.get(int(round(rotation)) % 360, [])
 
 
+# The demuxers a video may be read with: FFmpeg's single-file containers for the extensions
+# ``convert.sources`` takes (mov is also mp4, m4v, 3gp; matroska also webm), and the elementary streams
+# such files sometimes really are. Any other format FFmpeg detects is refused before its header is read:
+# a concat list, a playlist (hls, dash) or an image sequence opens other files, and an ffconcat file that
+# names itself opened itself until the process ran out of descriptors.
+DEMUXERS = ("mov", "matroska", "avi", "flv", "live_flv", "mpeg", "mpegts", "mpegvideo", "m4v", "ogg", "h264",
+            "hevc", "ivf")
+# FFmpeg's own checks, given to every open: only the file protocol (no URL, no ``concat:``, ``subfile:`` or
+# ``data:`` wrapper), only those demuxers (checked after probing, so detection is as without the list).
+OPEN_OPTIONS = {"protocol_whitelist": "file", "format_whitelist": ",".join(DEMUXERS)}
+
+
+def open_video(path: str) -> av.container.InputContainer:
+    """``path`` opened as this package reads every video: one regular file, through one of ``DEMUXERS``.
+
+    ``VideoError`` (the reason) for anything else, before FFmpeg reads past the probe: a FIFO or a device
+    would block or never end, a concat list or playlist would open other files.
+    """
+    import av
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None  # FFmpeg's own error names it below
+    if mode is not None and not stat.S_ISREG(mode):
+        raise VideoError("cannot open: not a regular file (a FIFO, a device or a socket would block or never "
+                         "end): never opened as a video")
+    try:
+        return av.open(path, metadata_errors="ignore", container_options=OPEN_OPTIONS)
+    except av.error.ArgumentError as exc:
+        refused = _refused_format(path)
+        if refused is None:
+            raise VideoError(f"cannot open: {exc}") from exc
+        raise VideoError(f"cannot open: FFmpeg reads it as {refused!r}, not as a video file (a concat list, a "
+                         f"playlist or an image sequence would open other files); refused") from exc
+    except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
+        raise VideoError(f"cannot open: {exc}") from exc
+
+
+def _refused_format(path: str) -> str | None:
+    """The format FFmpeg detected in ``path`` when ``OPEN_OPTIONS`` refused it; None when that was not why.
+
+    Asked only after a refusal: FFmpeg says it in a log line, and its log is off otherwise (routing it
+    through Python costs on every damaged frame). The second open is refused at the same point, before
+    the format reads anything.
+    """
+    import av
+    import av.logging
+
+    level, skip = av.logging.get_level(), av.logging.get_skip_repeated()
+    av.logging.set_level(av.logging.ERROR)
+    av.logging.set_skip_repeated(False)  # the same refusal for another file is said again
+    try:
+        with av.logging.Capture(local=True) as logs:
+            try:
+                av.open(path, metadata_errors="ignore", container_options=OPEN_OPTIONS).close()
+            except (av.error.FFmpegError, OSError, UnicodeDecodeError):
+                pass
+    finally:
+        av.logging.set_skip_repeated(skip)
+        av.logging.set_level(level)
+    for _level, name, message in logs:
+        if "not on whitelist" in message:
+            return name
+    return None
+
+
+def _tag_seconds(text: str) -> float | None:
+    """A Matroska duration tag ("00:00:01.000000000") in seconds; None when it is no such time."""
+    parts = text.strip().split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        h, m, sec = int(parts[0]), int(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+    value = h * 3600 + m * 60 + sec
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 class VideoDecoder:
     """Iterate a video's frames as uint8 (H, W, 3) arrays.
 
@@ -95,24 +177,52 @@ class VideoDecoder:
         # supervises without it (its import is part of the job's start-up).
         import av
 
-        try:
-            self._container = av.open(path, metadata_errors="ignore")
-        except (av.error.FFmpegError, OSError, UnicodeDecodeError) as exc:
-            raise VideoError(f"cannot open: {exc}") from exc
-        if not self._container.streams.video:
+        self._container = open_video(path)
+        # Cover art is a video stream too (one picture, flagged attached_pic), and may come first.
+        pictures = [s for s in self._container.streams.video
+                    if not s.disposition & av.stream.Disposition.attached_pic]
+        if not pictures:
+            covers = len(self._container.streams.video)
             self._container.close()
-            raise VideoError("no video stream")
-        self._stream = self._container.streams.video[0]
+            raise VideoError("no video stream" + (" (only an attached picture: cover art)" if covers else ""))
+        self._stream = pictures[0]
+        # Where the video stream has no end of its own, how far the other streams' packets reached tells
+        # a complete file from a cut one (the container's duration may be the audio's): those streams
+        # are then demuxed too, their packets only looked at.
+        self._others = [] if self._own_end() is not None else [
+            s for s in self._container.streams
+            if s.index != self._stream.index and s.type in ("audio", "video")
+            and not s.disposition & av.stream.Disposition.attached_pic]
+        self._others_reached: float | None = None
         self._stream.thread_type = "AUTO"
         self._stream.thread_count = spec.threads
         rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
         self.rate = float(rate) if rate else 25.0
 
-    def _duration(self) -> float | None:
-        """Seconds the stream (else the container) says it lasts; None when neither says."""
+    def _own_end(self) -> float | None:
+        """Seconds at which the video stream itself says it ends; None when it does not say.
+
+        MP4, AVI: the stream's duration. Matroska and WebM have none per track, but their writers (FFmpeg,
+        mkvmerge) tag each track with its DURATION, the end of its last frame.
+        """
         s = self._stream
         if s.duration is not None and s.time_base:
-            return float(s.duration * s.time_base)
+            start = s.start_time if s.start_time is not None else 0
+            return float((start + s.duration) * s.time_base)
+        for key, value in s.metadata.items():
+            if key.upper() == "DURATION":
+                return _tag_seconds(value)
+        return None
+
+    def _start(self) -> float:
+        s = self._stream
+        return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
+
+    def _duration(self) -> float | None:
+        """Seconds the stream (else the container) says it lasts; None when neither says."""
+        end = self._own_end()
+        if end is not None:
+            return max(0.0, end - self._start())
         if self._container.duration is not None:
             return self._container.duration / 1e6
         return None
@@ -140,9 +250,13 @@ class VideoDecoder:
     def _raw_frames(self) -> Iterator[av.VideoFrame]:
         import av
 
+        video = self._stream.index
         try:
-            for packet in self._container.demux(self._stream):
-                for frame in packet.decode():
+            for packet in self._container.demux(self._stream, *self._others):
+                if packet.stream.index != video:  # not stream_index: 0 in PyAV's end-of-stream packets
+                    self._note_other(packet)
+                    continue
+                for frame in cast("list[av.VideoFrame]", packet.decode()):  # the video stream's packet
                     if frame.is_corrupt:
                         self.damage = f"corrupt frame after {self.frames_decoded} good frames"
                         return
@@ -156,6 +270,14 @@ class VideoDecoder:
             return
         # FFmpeg reads a truncated file without an error: it just ends early.
         self.damage = self._truncation()
+
+    def _note_other(self, packet: av.Packet) -> None:
+        """Remember where the latest packet of another stream ends (audio outlasting the picture)."""
+        if packet.pts is None or not packet.time_base:
+            return
+        end = float((packet.pts + (packet.duration or 0)) * packet.time_base)
+        if self._others_reached is None or end > self._others_reached:
+            self._others_reached = end
 
     def _note_end(self, frame: av.VideoFrame) -> None:
         """Remember where the latest decoded frame ends (its pts plus its duration)."""
@@ -181,12 +303,7 @@ class VideoDecoder:
         if self._reached is None or t + step >= self._reached:
             self._reached, self._last_step = t + step, step
 
-    def _end_time(self) -> float | None:
-        """Seconds at which the stream (else the container) says the video ends; None when neither says."""
-        s = self._stream
-        if s.duration is not None and s.time_base:
-            start = s.start_time if s.start_time is not None else 0
-            return float((start + s.duration) * s.time_base)
+    def _container_end(self) -> float | None:
         c = self._container
         if c.duration is not None:
             return ((c.start_time or 0) + c.duration) / 1e6
@@ -199,7 +316,9 @@ class VideoDecoder:
         one, where decoding stopped is compared with where the stream says it
         ends, in seconds: an estimate of duration x average rate would call a
         complete variable-frame-rate video (a 20 ms gap, then a 60 ms one, ...)
-        truncated.
+        truncated. The end is the video stream's own; only where it has none is
+        the container's end compared with how far any stream's packets reached
+        (the container's duration is its longest stream's, often the audio's).
         """
         s = self._stream
         if s.frames:
@@ -208,15 +327,20 @@ class VideoDecoder:
                 return (f"truncated: decoded {self.frames_decoded} frames, fewer than the {s.frames} "
                         f"the container's header counts")
             return None
-        end = self._end_time()
-        if end is None or self._reached is None:
+        if self._reached is None:
             return None
-        start = s.start_time * s.time_base if s.start_time is not None and s.time_base else 0.0
-        # Headers round durations and audio may outlast the picture: allow 5% and two frames.
-        tolerance = 0.05 * max(end - float(start), 0.0) + 2 * self._last_step
-        if self._reached < end - tolerance:
-            return (f"truncated: decoding stopped at {self._reached:.3f} s after {self.frames_decoded} frames, "
-                    f"the stream ends at {end:.3f} s")
+        end, reached, what = self._own_end(), self._reached, "the stream"
+        if end is None:
+            end, what = self._container_end(), "the file"
+            if self._others_reached is not None:
+                reached = max(reached, self._others_reached)
+        if end is None:
+            return None
+        # Headers round durations: allow 5% and two frames.
+        tolerance = 0.05 * max(end - self._start(), 0.0) + 2 * self._last_step
+        if reached < end - tolerance:
+            return (f"truncated: decoding stopped at {reached:.3f} s after {self.frames_decoded} frames, "
+                    f"{what} ends at {end:.3f} s")
         return None
 
     def _timed(self) -> Iterator[tuple[float, av.VideoFrame]]:

@@ -6,9 +6,10 @@ share of all the CPU time a small conversion used (docs/benchmarks.md,
 figures quoted in code comments). The fork server is one
 ``python -m convert.forkserver`` per job process that imports all of that
 once, then forks a child per shard (a few milliseconds); the child runs
-``convert.shard_worker.main`` exactly as ``python -m convert.shard_worker``
-would, with the given pipes as stdin and stdout, the shard's log as stderr, the
-caller's environment and working directory.
+``convert.shard_worker.main`` (or the space check's ``convert.probe.main``) as
+``python -m convert.shard_worker`` would, with the given pipes as stdin and
+stdout, the shard's log as stderr, the caller's environment and working
+directory, and SIGINT ignored (the job stops its children itself).
 
 The server is the children's parent, so it reaps them and sends each exit
 status (negative for a signal, as ``subprocess`` reports it) down a pipe the
@@ -40,12 +41,14 @@ import threading
 import traceback
 from typing import IO
 
+from .stopsignals import stop_signals_blocked, unblock_stop_signals
+
 log = logging.getLogger(__name__)
 
 _STATUS = struct.Struct("<i")
 _MAX_MESSAGE = 1 << 20
 # The modules a child may run, as ``python -m MODULE ARGV`` would (their ``main(argv)``).
-MODULES = ("convert.shard_worker",)
+MODULES = ("convert.shard_worker", "convert.probe")
 MAX_KEEP = 4  # descriptors a child may be given beside its standard streams
 
 
@@ -72,6 +75,9 @@ class ForkedProcess:
         self.stdout = stdout
         self.returncode: int | None = None
         self._status_fd = status_fd
+        # The supervisor and the job's stop (``childproc.stop_all``) may wait at once: one reads the
+        # status and closes its pipe, the other must not read the closed (or reused) descriptor.
+        self._lock = threading.Lock()
         _running.add(pid)
         try:
             # A pidfd names this very process even after its pid is reused: kill() never hits another one.
@@ -82,6 +88,16 @@ class ForkedProcess:
     def _collect(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
             return self.returncode
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return None
+        try:
+            return self._collect_locked(timeout)
+        finally:
+            self._lock.release()
+
+    def _collect_locked(self, timeout: float | None) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
         if not readable(self._status_fd, timeout):
             return None
         data = os.read(self._status_fd, _STATUS.size)
@@ -90,7 +106,8 @@ class ForkedProcess:
         else:
             # The server died before the child: its status is lost. Make sure the
             # child is gone too, and say "exited with status 255" rather than guess.
-            log.warning("fork server lost before shard process %d ended; its exit status is unknown", self.pid)
+            if not _closing:  # else the job is being stopped: it ended the server itself
+                log.warning("fork server lost before shard process %d ended; its exit status is unknown", self.pid)
             self._signal(signal.SIGKILL)
             self.returncode = 255
         os.close(self._status_fd)
@@ -130,9 +147,10 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(env)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool would be a thread at fork time
-        self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL)
+        with stop_signals_blocked():
+            self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
+                                         pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL)
         theirs.close()
         # A server that does not answer within this long is killed and the shard
         # process started the ordinary way (killed first, so it cannot fork late).
@@ -161,6 +179,7 @@ class _Server:
 
 _server: _Server | None = None
 _server_failed = False
+_closing = False  # shutdown() ran: the job is being stopped, no server is started or used again
 _server_lock = threading.Lock()
 _running: set[int] = set()  # pids of children whose exit status has not come back yet
 
@@ -196,6 +215,27 @@ def stop() -> None:
     except subprocess.TimeoutExpired:
         server.proc.kill()
         server.proc.wait()
+
+
+def shutdown(wait: float) -> None:
+    """End the server now, the job being stopped (its children killed already): at most ``wait`` seconds.
+
+    Takes no lock (it runs in a signal handler, which may have interrupted a
+    holder of one): closes the socket, lets the server reap what is left and
+    exit, and kills it if it has not within ``wait``.
+    """
+    global _closing
+    _closing = True
+    server = _server
+    if server is None:
+        return
+    try:
+        server.close()
+        server.proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+    except OSError:
+        pass  # already gone
 
 
 _hooks_installed = False
@@ -234,7 +274,7 @@ def _discard(server: _Server) -> None:
 
 def _get(env: dict[str, str]) -> _Server | None:
     global _server, _server_failed
-    if not available() or _server_failed:
+    if not available() or _server_failed or _closing:
         return None
     with _server_lock:
         if _server is not None and _server.proc.poll() is not None:
@@ -274,6 +314,8 @@ def spawn(argv: list[str], *, env: dict[str, str], stderr: int, keep: tuple[int,
     except OSError as exc:
         for fd in (in_r, in_w, out_r, out_w, status_r, status_w):
             os.close(fd)
+        if _closing:
+            return None  # the job is being stopped and closed the socket under this request
         log.warning("fork server failed (%s); starting the shard process the ordinary way", exc)
         _discard(server)
         return None
@@ -312,7 +354,10 @@ def _child(fds: list[int], request: dict, close: list[int]) -> None:
         os.close(fd)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C reaches the whole process group, children too: the job stops them itself (it kills them), so
+    # they ignore it rather than print a KeyboardInterrupt each. SIGTERM ends them quietly, as it would.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
         os.dup2(fd, target)
     for fd in {stdin_fd, stdout_fd, stderr_fd} - {0, 1, 2}:
@@ -345,9 +390,15 @@ def serve(fd: int) -> int:
     # The imports every child would otherwise repeat (PyAV too: convert.decode imports it on first use).
     import av  # noqa: F401
 
+    import convert.probe  # noqa: F401
     import convert.shard_worker  # noqa: F401
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the job and its shards; we end with the job
+    # Ctrl-C or a SIGTERM to the job's process group is for the job, which stops its children and then
+    # this server; the server always ends with the job (its socket closes), and only once it has reported
+    # every child's exit status.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    unblock_stop_signals()  # blocked since it started (stop_signals_blocked): ignored from now on
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -30,6 +30,10 @@ from .sources import Source, load_source
 from .space import SpaceCheck, pending_videos
 from .supervise import prestart
 
+# Seconds the end of a job waits for a space check still probing: it has had the whole conversion, and
+# its advice is moot once the shards are written.
+SPACE_WAIT = 10.0
+
 
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
             split: str | None = None, classes_file: str | None = None, source: Source | None = None) -> Plan:
@@ -116,17 +120,22 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
             kept = []
         running = range(len(plan.shards)) if redo is None else sorted(redo)
         total = sum(len(plan.shards[i]) for i in running)
-        space = SpaceCheck(out=out, plan=plan, pending=pending_videos(plan, running, held), say=say)
+        space = SpaceCheck(out=out, plan=plan, pending=pending_videos(plan, running, held), say=say,
+                           timeout=opts.shard.video_timeout)
         space.start()
         t0 = time.monotonic()
         bar = ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
         bar.start()
         try:
             summaries = run_shards(out, plan, opts, redo, retry)
+        except BaseException:
+            space.finish(0)  # a failed job does not wait for its advice: the probe process is killed
+            raise
         finally:
             bar.stop.set()
             bar.join()
-        space.join()  # its warning said before the job's result (a failed job does not wait for it)
+        # Its warning said before the job's result, unless it is still probing when the shards are done.
+        space.finish(SPACE_WAIT)
         for s in summaries:
             if s.get("note"):
                 notes.setdefault("set_aside", []).append(s["note"])

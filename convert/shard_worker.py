@@ -15,6 +15,7 @@ import logging
 import mmap
 import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from .format import (
 from .format.errors import storing
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
+from .stopsignals import unblock_stop_signals
 
 log = logging.getLogger("convert.shard")
 MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame
@@ -200,6 +202,10 @@ def install_hook() -> None:
 
 def main(argv: list[str]) -> int:
     global _phase
+    # The job stops this process itself (it kills it, which is safe at any moment): Ctrl-C reaching the
+    # whole process group must not print a traceback into the shard's log.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    unblock_stop_signals()  # blocked while it started (a Popen'ed child)
     out, index, opts = argv[0], int(argv[1]), json.loads(argv[2])
     if opts.get("phase_fd") is not None:
         _phase = mmap.mmap(opts["phase_fd"], 1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import forkserver
-from .childproc import LineProcess, use_forkserver
+from .childproc import LineProcess, Stopped, use_forkserver
 from .format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
 from .format.errors import storing
 from .shard_worker import DECODING
@@ -263,12 +263,14 @@ def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Se
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
 
-    def fail(child: _Child, while_: str) -> ShardFailed:
+    def fail(child: _Child, while_: str) -> ShardFailed | Stopped:
         rc = child.reap()
         machine = machine_cause(out, rc)
         child.close()
         if machine:
             return stop_for_machine(machine)
+        if rc is not None and -rc in _STOP_SIGNALS:
+            return Stopped(-rc)
         return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {child.failure(rc)}; "
                            f"see {child.log_path}")
 
@@ -334,6 +336,10 @@ def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Se
                 if machine:
                     child.close()
                     raise stop_for_machine(machine, video)
+                if rc is not None and -rc in _STOP_SIGNALS:
+                    # Stopped from outside (a SIGTERM to the job's process group): the job stops too.
+                    child.close()
+                    raise Stopped(-rc)
                 if not decoder_crash(rc, child.phase()):
                     # No evidence against the video: stop, record nothing, let a rerun redo it.
                     child.close()

@@ -12,6 +12,9 @@ starts, and a test chooses the fault with ``CONVERT_TEST_FAULT``:
   file that really crashes FFmpeg;
 - ``"crash_storing:ID"``: a SIGSEGV once the writer holds the video's first
   clip (storing it, not decoding);
+- ``"hang_probe:ID"``: the space check's probe process (``convert.probe``,
+  which installs the same hook) sleeps on the video ``ID``, as on a file
+  whose open never returns;
 - ``"eio:NAME:COUNT:MARKER_FILE"``: the first ``COUNT`` writes (over every
   shard process, counted in ``MARKER_FILE``) into a file whose name contains
   ``NAME`` fail with EIO, as the kernel's ``write`` reports it (no file
@@ -130,6 +133,18 @@ def install() -> None:
         _install_eio(name, _Budget(int(count), marker))
         return
     target, _, marker = rest.partition(":")
+    if kind == "hang_probe":
+        from convert import probe
+
+        real_probe = probe.probe_video
+
+        def probe_video(item, config):
+            if item.id == target:
+                time.sleep(3600)
+            return real_probe(item, config)
+
+        probe.probe_video = probe_video
+        return
     if kind == "crash_storing":
         real_producer = shard_worker.clip_producer
 

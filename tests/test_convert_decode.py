@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import threading
 from fractions import Fraction
 
 import numpy as np
@@ -187,3 +189,231 @@ def test_truncated_variable_frame_rate_video_is_still_truncated(tmp_path, ext):
     # The mkv ends cleanly before its stated end; the mp4's last packet is cut mid-way.
     assert damage.startswith("truncated: " if ext == "mkv" else "InvalidDataError after")
     assert np.array_equal(frames, full[: len(frames)])
+
+
+# -- issue 19, point 2: complete videos that were called truncated ----------------------------------------------
+def _gradient(k: int) -> np.ndarray:
+    """Frame k of the test videos below: a flat grey of level 8k with a bar that moves, so frames differ."""
+    frame = np.full((48, 64, 3), 8 * k, np.uint8)
+    frame[:, (2 * k) % 60:(2 * k) % 60 + 4] = 255
+    return frame
+
+
+def _write_av(path: str, *, video: str, audio: str | None, video_s: float = 1.0, audio_s: float = 3.0,
+              cover: bool = False) -> str:
+    """A 25 fps video of ``video_s`` seconds, with an audio track of ``audio_s`` seconds and/or cover art.
+
+    The cover (``cover``) is a one-picture MJPEG stream flagged attached_pic, as taggers add it: the MP4
+    muxer stores it as the file's 'covr' atom, Matroska as an attached image file.
+    """
+    import av
+
+    fmt = "mp4" if path.endswith(".mp4") else None
+    with av.open(path, "w", format=fmt) as out:
+        if cover and path.endswith(".mkv"):
+            out.add_attachment("cover.jpg", "image/jpeg", _jpeg())
+        pic = None
+        if cover and path.endswith(".mp4"):
+            pic = out.add_stream("mjpeg")
+            pic.width, pic.height, pic.pix_fmt = 64, 48, "yuvj420p"
+            pic.disposition = av.stream.Disposition.attached_pic
+        vs = out.add_stream(video, rate=25)
+        vs.width, vs.height, vs.pix_fmt = 64, 48, "yuv420p"
+        aus = out.add_stream(audio, rate=48000) if audio else None
+        if pic is not None:
+            for packet in pic.encode(_picture(pic.pix_fmt)):
+                out.mux(packet)
+            for packet in pic.encode():
+                out.mux(packet)
+        for k in range(round(video_s * 25)):
+            frame = av.VideoFrame.from_ndarray(_gradient(k), format="rgb24")
+            frame.pts = k
+            for packet in vs.encode(frame):
+                out.mux(packet)
+        for packet in vs.encode():
+            out.mux(packet)
+        if aus is not None:
+            size = aus.codec_context.frame_size or 1024
+            for start in range(0, round(audio_s * 48000), size):
+                samples = av.AudioFrame.from_ndarray(np.zeros((1, size), np.float32), format="flt", layout="mono")
+                samples.sample_rate, samples.pts = 48000, start
+                for packet in aus.encode(samples):
+                    out.mux(packet)
+            for packet in aus.encode():
+                out.mux(packet)
+    return path
+
+
+def _picture(pix_fmt: str):
+    import av
+
+    return av.VideoFrame.from_ndarray(np.full((48, 64, 3), 200, np.uint8), format="rgb24").reformat(format=pix_fmt)
+
+
+def _jpeg() -> bytes:
+    import io
+
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mjpeg") as out:
+        s = out.add_stream("mjpeg")
+        s.width, s.height, s.pix_fmt = 64, 48, "yuvj420p"
+        for packet in [*s.encode(_picture("yuvj420p")), *s.encode()]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def _cover_first(path: str) -> None:
+    """Move the MP4's 'udta' box (its cover art) before its first 'trak', as some taggers write it: FFmpeg then
+    lists the cover as the first video stream. The moov box keeps its size and place, so no offset changes."""
+    import struct
+
+    data = bytearray(open(path, "rb").read())
+
+    def boxes(start: int, end: int):
+        while start < end:
+            size, kind = struct.unpack(">I4s", data[start:start + 8])
+            yield start, size, kind
+            start += size
+
+    ((moov, size, _),) = [b for b in boxes(0, len(data)) if b[2] == b"moov"]
+    kids = list(boxes(moov + 8, moov + size))
+    trak = next(b for b in kids if b[2] == b"trak")
+    udta = next(b for b in kids if b[2] == b"udta")
+    assert trak[0] < udta[0]
+    data[trak[0]:udta[0] + udta[1]] = data[udta[0]:udta[0] + udta[1]] + data[trak[0]:udta[0]]
+    open(path, "wb").write(bytes(data))
+
+
+def _untag(path: str) -> None:
+    """Rename the Matroska tracks' DURATION tags (same length), as a file from a writer that does not tag them."""
+    data = open(path, "rb").read()
+    assert data.count(b"DURATION") >= 1
+    open(path, "wb").write(data.replace(b"DURATION", b"DURATIOX"))
+
+
+def _video_packet_pos(path: str, n: int) -> int:
+    """Where the file's ``n``-th video packet starts (in file order)."""
+    import av
+
+    with av.open(path) as c:
+        positions = sorted(p.pos for p in c.demux(video=0) if p.pos is not None and p.pos >= 0)
+    return positions[n]
+
+
+LONG_AUDIO = {"mkv": ("libx264", "aac"), "webm": ("libvpx-vp9", "libopus")}
+
+
+@pytest.mark.parametrize("tagged", [True, False], ids=["tagged", "untagged"])
+@pytest.mark.parametrize("ext", sorted(LONG_AUDIO))
+def test_audio_longer_than_the_video_is_not_truncation(tmp_path, ext, tagged):
+    """The container's duration is the audio's (3 s); the video's own end (its DURATION tag) or, without one,
+    how far the file's packets reached says the 1 s of video is complete. A real cut is still found."""
+    video, audio = LONG_AUDIO[ext]
+    plain = _write_av(str(tmp_path / f"plain.{ext}"), video=video, audio=None)
+    path = _write_av(str(tmp_path / f"long_audio.{ext}"), video=video, audio=audio)
+    if not tagged:
+        _untag(path)
+    want, damage = decode_all(plain, FrameSpec(size=(48, 64)))
+    assert damage is None and len(want) == 25
+    frames, damage = decode_all(path, FrameSpec(size=(48, 64)))
+    assert damage is None
+    assert np.array_equal(frames, want)
+    cut = tmp_path / f"cut.{ext}"
+    cut.write_bytes(open(path, "rb").read()[: _video_packet_pos(path, 12)])  # cut after 12 of its 25 frames
+    frames, damage = decode_all(str(cut), FrameSpec(size=(48, 64)))
+    assert damage is not None and damage.startswith("truncated: "), damage
+    # The frames before the cut are the file's (the last few may have lost a reference frame past the cut).
+    assert 8 <= len(frames) < 25 and np.array_equal(frames[:8], want[:8])
+
+
+@pytest.mark.parametrize("ext", ["mp4", "mkv"])
+def test_cover_art_is_not_the_video(tmp_path, ext):
+    """A cover picture (attached_pic) is a video stream of one frame: decoded as the video it was a 'truncated'
+    video of one picture. The real video is decoded in full, equal to the file without a cover."""
+    import av
+
+    plain = _write_av(str(tmp_path / f"plain.{ext}"), video="libx264", audio=None)
+    path = _write_av(str(tmp_path / f"cover.{ext}"), video="libx264", audio="aac", audio_s=1.0, cover=True)
+    if ext == "mp4":
+        _cover_first(path)
+    with av.open(path) as c:
+        covers = [s.index for s in c.streams.video if s.disposition & av.stream.Disposition.attached_pic]
+        assert covers == ([0] if ext == "mp4" else [2])  # Matroska lists attached files after the tracks
+    want, _ = decode_all(plain, FrameSpec(size=(48, 64)))
+    frames, damage = decode_all(path, FrameSpec(size=(48, 64)))
+    assert damage is None
+    assert np.array_equal(frames, want)
+    with VideoDecoder(path, FrameSpec(size=(48, 64))) as dec:
+        assert dec.probe().frames_estimate == 25
+
+
+def test_a_file_of_cover_art_only_has_no_video_stream(tmp_path):
+    import av
+
+    path = str(tmp_path / "cover_only.mp4")
+    with av.open(path, "w") as out:
+        pic = out.add_stream("mjpeg")
+        pic.width, pic.height, pic.pix_fmt = 64, 48, "yuvj420p"
+        pic.disposition = av.stream.Disposition.attached_pic
+        aus = out.add_stream("aac", rate=48000)
+        for packet in [*pic.encode(_picture("yuvj420p")), *pic.encode()]:
+            out.mux(packet)
+        samples = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="flt", layout="mono")
+        samples.sample_rate, samples.pts = 48000, 0
+        for packet in [*aus.encode(samples), *aus.encode()]:
+            out.mux(packet)
+    with pytest.raises(VideoError, match=r"^no video stream \(only an attached picture: cover art\)$"):
+        VideoDecoder(path, FrameSpec())
+
+
+# -- issue 19, point 6: a video file is one file, never a list that opens others ----------------------------------
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("names", ["itself", "another video"])
+def test_a_concat_list_named_like_a_video_is_refused_before_it_opens_anything(tmp_path, names):
+    """An ffconcat file naming itself made FFmpeg open it recursively until some 20,000 descriptors were open."""
+    real = _write_av(str(tmp_path / "real.mp4"), video="libx264", audio=None)
+    path = tmp_path / "self.mp4"
+    target = "self.mp4" if names == "itself" else real
+    path.write_text(f"ffconcat version 1.0\nfile '{target}'\n")
+    before = _open_fds()
+    for _ in range(2):  # the second refusal says the same (FFmpeg's log would fold a repeated line)
+        with pytest.raises(VideoError) as info:
+            VideoDecoder(str(path), FrameSpec())
+        assert str(info.value) == ("cannot open: FFmpeg reads it as 'concat', not as a video file (a concat list, "
+                                   "a playlist or an image sequence would open other files); refused")
+    assert _open_fds() <= before
+    assert len(decode_all(real, FrameSpec(size=(48, 64)))[0]) == 25
+
+
+def test_a_playlist_and_a_protocol_wrapper_are_refused(tmp_path):
+    real = _write_av(str(tmp_path / "real.mp4"), video="libx264", audio=None)
+    playlist = tmp_path / "list.mp4"
+    playlist.write_text(f"#EXTM3U\n#EXT-X-TARGETDURATION:1\n#EXTINF:1.0,\n{real}\n#EXT-X-ENDLIST\n")
+    with pytest.raises(VideoError, match=r"^cannot open: "):  # FFmpeg itself takes HLS only from a .m3u8 now
+        VideoDecoder(str(playlist), FrameSpec())
+    with pytest.raises(VideoError, match=r"^cannot open: "):
+        VideoDecoder(f"concat:{real}|{real}", FrameSpec())
+
+
+def test_a_fifo_is_never_opened(tmp_path):
+    fifo = tmp_path / "x.mp4"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes: never
+    errors: list[Exception] = []
+
+    def open_it() -> None:
+        try:
+            VideoDecoder(str(fifo), FrameSpec())
+        except VideoError as exc:
+            errors.append(exc)
+
+    opener = threading.Thread(target=open_it, daemon=True)  # daemon: a regression blocks it, not the suite
+    opener.start()
+    opener.join(30)
+    assert not opener.is_alive(), "opening the FIFO blocked"
+    assert [str(e) for e in errors] == ["cannot open: not a regular file (a FIFO, a device or a socket would "
+                                        "block or never end): never opened as a video"]

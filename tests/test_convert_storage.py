@@ -256,9 +256,9 @@ def test_the_space_check_runs_beside_the_shards_and_still_warns(tiny_tree, tmp_p
         shards_started.set()
         return real_run_shards(*args, **kwargs)
 
-    def estimate(plan, pending):
+    def estimate(plan, pending, **kwargs):
         waited.append(shards_started.wait(timeout=30))  # before the fix: 30 s, then False
-        return real_estimate(plan, pending)
+        return real_estimate(plan, pending, **kwargs)
 
     monkeypatch.setattr(job, "run_shards", run_shards)
     monkeypatch.setattr(space, "estimate", estimate)
