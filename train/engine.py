@@ -308,8 +308,13 @@ def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, cri
     device = cfg.device
     clips, labels = batch["clip"], batch["label"]
     step_loss = torch.zeros((), device=device)
-    chunks = list(zip(clips.chunk(cfg.accum_steps), labels.chunk(cfg.accum_steps),
-                      batch["index"].chunk(cfg.accum_steps)))
+    # Micro-batch j takes clips j, j + A, j + 2A, ... (A = accum_steps), not a contiguous slice: the samplers deal
+    # an epoch's order to ranks the same way (rank r takes clips r, r + world, ...), so micro-batch j holds the
+    # clips, in their order, that rank j would hold in a run with A times the ranks and 1/A of the batch. One
+    # process with --accum-steps 2 then computes the very gradients (bit for bit) of two ranks under DDP, which
+    # is what makes DDP testable exactly (tests/test_train_run.py).
+    a = cfg.accum_steps
+    chunks = [(clips[j::a], labels[j::a], batch["index"][j::a]) for j in range(min(a, len(labels)))]
     for j, (xc, yc, ic) in enumerate(chunks):
         last = j == len(chunks) - 1
         sync = contextlib.nullcontext() if (ddp is None or last) else ddp.no_sync()
