@@ -61,9 +61,10 @@ def test_dali_routes_from_s3_equal_local(s3_server, tiny_data, tiny_tfrecord, tm
 
 
 def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsys):
-    """A cache that holds 3 of the shards makes the epoch download as it goes; the server stops after the first
-    step: the loader retries, then the run ends in one line naming the URL; restarted, --resume ends where an
-    unbroken local run ends."""
+    """A cache that holds 3 of the 4 shards makes every epoch download as it goes; the server stops after the
+    first step of a run of two epochs (the second epoch must download at least one shard again, however far the
+    first one's reads and prefetches got before the stop): the loader retries, then the run ends in one line
+    naming the URL; restarted, --resume ends where an unbroken local run ends."""
     url = s3_server.upload(tiny_data, s3_server.bucket())
     from convert.format import open_clips
     from convert.format.cache import CacheSettings
@@ -72,9 +73,10 @@ def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsy
     limit = 3 * max(probe.cache.sizes)
     assert limit < sum(probe.cache.sizes)
     probe.close()
-    run_argv(common(tiny_data, tmp_path / "local") + ARGS)
+    args = ARGS + ["--epochs", "2"]
+    run_argv(common(tiny_data, tmp_path / "local") + args)
     out = tmp_path / "s3"
-    argv = common(url, out) + ARGS + _cache(tmp_path) + ["--cache-limit", str(limit)]
+    argv = common(url, out) + args + _cache(tmp_path) + ["--cache-limit", str(limit)]
     stopper_done = threading.Event()
 
     def stop_after_first_step() -> None:
