@@ -113,7 +113,6 @@ class ClipStore(Sequence):
         self._tick = 0
         self._hold_lock = threading.RLock()
         self._open_locks: dict[int, threading.Lock] = {}
-        self._identity: dict[int, int] = {}  # the inode of each remote shard's folder its reader opened
         self._prefetcher: Prefetcher | None = None
 
     @property
@@ -187,19 +186,23 @@ class ClipStore(Sequence):
 
     def _current(self, shard: int) -> ShardReader:
         """The reader of the copy of remote ``shard`` in the cache now (the caller holds it there)."""
-        identity = os.stat(self.shard_paths[shard]).st_ino
         with self._hold_lock:
             opening = self._open_locks.setdefault(shard, threading.Lock())
         with opening:  # one open per shard, whichever thread asks first
             r = self._readers.get(shard)
-            if r is not None and self._identity.get(shard) == identity:
-                return r
-            if r is not None:  # evicted and fetched again since: the old reader maps deleted files
-                self._readers.pop(shard)
-                if not self._busy.get(shard, 0) > 1:
-                    r.close()
+            if r is not None:
+                try:
+                    # The backend's own test of its files' identity (a folder's inode number alone may be
+                    # reused by the copy fetched after an eviction).
+                    r.check_unchanged()
+                    return r
+                except FormatError:
+                    # Evicted and fetched again since (the cache verified the new copy against the manifest):
+                    # the old reader maps deleted files.
+                    self._readers.pop(shard)
+                    if not self._busy.get(shard, 0) > 1:
+                        r.close()
             r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
-            self._identity[shard] = identity
             return r
 
     def _trim(self, keep: int) -> None:
@@ -376,7 +379,7 @@ class ClipStore(Sequence):
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = {}  # readers hold per-process handles: reopened where the store lands
-        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher", "_identity"):
+        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher"):
             state.pop(key, None)  # locks and holds are this process's
         return state
 
