@@ -31,7 +31,12 @@ def _committed_videos(out: str) -> int:
     for name in sorted(os.listdir(shards)) if os.path.isdir(shards) else []:
         if not os.path.exists(os.path.join(shards, name, "data.mdb")):
             continue
-        env = lmdb.open(os.path.join(shards, name), readonly=True, lock=False)
+        try:
+            # The writer may be creating the environment this very moment (its file there, its meta pages
+            # not yet): opening it can fail as reading it can; the next poll sees it whole.
+            env = lmdb.open(os.path.join(shards, name), readonly=True, lock=False)
+        except lmdb.Error:
+            continue
         try:
             with env.begin() as txn:
                 cur = txn.cursor()
