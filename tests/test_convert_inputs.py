@@ -53,6 +53,13 @@ def _report(out: str) -> dict[str, dict]:
     return {r["id"]: r for r in map(json.loads, open(os.path.join(out, "report.jsonl")))}
 
 
+def _assert_only_it_failed(out: str, stdout: str, video_id: str, path, reason: str) -> None:
+    """``video_id`` (at ``path``) recorded failed for ``reason`` and said so; the good videos converted."""
+    assert _report(out)[video_id] == {"id": video_id, "path": str(path), "status": "failed", "reason": reason}
+    assert f"  failed: {path}: {reason}\n" in stdout
+    assert sorted(set(open_clips(out).video_ids)) == ["a/good0", "a/good1", "b/good2"]
+
+
 def _source(tmp_path, kind: str) -> str:
     """Good videos in class folders a/ and b/, with a/x.mp4 beside them; SRC for ``kind``."""
     root = tmp_path / "src"
@@ -94,9 +101,7 @@ def test_a_video_replaced_by_a_fifo_after_planning_fails_and_the_job_ends(tmp_pa
     assert rc == 0, stderr
     reason = ("cannot open: not a regular file (a FIFO, a device or a socket would block or never end): never "
               "opened as a video")
-    assert _report(out)["a/x"] == {"id": "a/x", "path": str(fifo), "status": "failed", "reason": reason}
-    assert f"  failed: {fifo}: {reason}\n" in stdout
-    assert sorted(set(open_clips(out).video_ids)) == ["a/good0", "a/good1", "b/good2"]
+    _assert_only_it_failed(out, stdout, "a/x", fifo, reason)
 
 
 def _alive(pid: int) -> bool:
@@ -147,9 +152,7 @@ def test_an_ffconcat_file_named_like_a_video_fails_in_one_line_and_the_job_ends(
     assert rc == 0, stderr
     reason = ("cannot open: FFmpeg reads it as 'concat', not as a video file (a concat list, a playlist or an "
               "image sequence would open other files); refused")
-    assert _report(out)["a/self"] == {"id": "a/self", "path": str(bad), "status": "failed", "reason": reason}
-    assert f"  failed: {bad}: {reason}\n" in stdout
-    assert sorted(set(open_clips(out).video_ids)) == ["a/good0", "a/good1", "b/good2"]
+    _assert_only_it_failed(out, stdout, "a/self", bad, reason)
 
 
 def test_complete_videos_with_long_audio_or_cover_art_are_kept_whole_under_on_damage_skip(tmp_path):
