@@ -15,6 +15,7 @@ import http.server
 import logging
 import os
 import shutil
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,25 +28,107 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
           "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}
 
 
+class _Gate:
+    """A TCP relay on 127.0.0.1 in front of a server. ``close()`` drops every connection through it and refuses
+    new ones, as a server that went away does; ``open()`` listens again on the same port.
+
+    Stopping moto's own server would not do: its threads keep serving the keep-alive connections a client
+    already holds, so a client with a warm connection pool never sees the server go.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.port = 0
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.open()
+
+    def open(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(128)
+        self.port = listener.getsockname()[1]
+        with self._lock:
+            self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:  # closed meanwhile
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._drop(src, dst)
+
+    def _drop(self, *socks: socket.socket) -> None:
+        for s in socks:
+            with self._lock:
+                self._conns.discard(s)
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = list(self._conns), set()
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            listener.close()
+        self._drop(*conns)
+
+
 class S3Server:
-    """A moto S3 server on a fixed port of 127.0.0.1 that can be stopped and started again (same port)."""
+    """A moto S3 server on 127.0.0.1 behind a gate that can be closed (the server is gone: open connections
+    drop, new ones are refused) and opened again on the same port, the buckets kept."""
 
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
-        self._cls = ThreadedMotoServer
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
-        self.host, self.port = self.server.get_host_and_port()
+        self.gate = _Gate(self.server.get_host_and_port())
+        self.host, self.port = "127.0.0.1", self.gate.port
         self.endpoint = f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
-        self.server.stop()
+        """The server is gone for its clients."""
+        self.gate.close()
 
     def start(self) -> None:
-        """Start again on the same port; the buckets are kept (moto's backend lives in this process)."""
-        self.server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
+        """The server is back, on the same port, with the same buckets."""
+        self.gate.open()
+
+    def shutdown(self) -> None:
+        self.gate.close()
+        self.server.stop()
 
     def fs(self):
         import s3fs
@@ -82,7 +165,7 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         with contextlib.suppress(Exception):
-            server.stop()
+            server.shutdown()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
