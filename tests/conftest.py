@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from .remote_fixtures import s3_server  # noqa: F401 - one S3 server for every module (see remote_fixtures)
 from .videos import VideoSet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,10 @@
 S3 HTTP API), reached through s3fs with the standard AWS variables, as a
 user's bucket would be; ``http_root`` serves a folder with the standard
 library's ``http.server``. Nothing is mocked: every read crosses a socket.
-Test modules import these fixtures by name.
+``s3_server`` is made available to every test module by ``conftest.py``
+(one server for the session: s3fs keeps one file system per set of options
+in a process, made with the endpoint of its time, so a second server,
+however made, would not be the one a later file system reaches).
 """
 
 from __future__ import annotations

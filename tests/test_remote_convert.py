@@ -13,7 +13,6 @@ import time
 from convert.format import open_clips
 
 from .conftest import ROOT
-from .remote_fixtures import s3_server
 
 ARGS = ["--backend", "tfrecord", "--codec", "raw", "--size", "32x40", "--max-clips", "2", "--shards", "6",
         "--workers", "2", "--no-progress"]

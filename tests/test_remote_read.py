@@ -23,7 +23,7 @@ from convert.format.cache import CacheFullError, CacheSettings, ShardCache
 from convert.format.remote import RemoteError
 
 from .conftest import ROOT
-from .remote_fixtures import copy_conversion, s3_server, serve_folder
+from .remote_fixtures import copy_conversion, serve_folder
 from .train_fixtures import tiny_data, tiny_tfrecord
 
 

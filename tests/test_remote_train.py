@@ -14,7 +14,6 @@ import torch
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
 
-from .remote_fixtures import s3_server
 from .train_fixtures import assert_states_equal, common, final_state, one_line_error, tiny_data, tiny_tfrecord
 
 # 40 clips, batch 8: 5 steps per epoch.
@@ -67,7 +66,7 @@ def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsy
     naming the URL; restarted, --resume ends where an unbroken local run ends."""
     # The session's server: a server of its own would not do, as s3fs keeps one file system per set of
     # options in the process, made with the endpoint of its time (and moto's buckets are shared by all its
-    # servers in a process: the run would read on from the session's server).
+    # servers in a process: the run would read on from the first server).
     own = s3_server
     url = own.upload(tiny_data, own.bucket())
     from convert.format import open_clips
