@@ -22,6 +22,7 @@ import tempfile
 import time
 
 ORDERS = ("random", "blocks", "shards")
+SHARD_WINDOW = 2  # shards resident at a time in the shard-windowed order
 
 
 def _build(root: str, videos: int, shards: int) -> str:
@@ -52,8 +53,8 @@ def _epoch(root: str, order: str, *, cache, threads: int, batch: int) -> tuple[f
     settings: dict = {
         "random": {},
         "blocks": {"storage_order": ds.store.storage_order(), "block": 16, "window": 2},
-        # Two shards resident at a time: the smallest cache row holds three (one read, two prefetched).
-        "shards": {"clip_shards": clip_shards(ds.store), "shard_window": 2},
+        # SHARD_WINDOW shards resident at a time; the small cache holds two windows (one read, one prefetched).
+        "shards": {"clip_shards": clip_shards(ds.store), "shard_window": SHARD_WINDOW},
     }[order]
     sampler = DistributedClipSampler(len(ds), num_replicas=1, rank=0, seed=0, order=order, **settings)
     loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, threads=threads, drop_last=False)
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"data: {len(store)} clips of {store.manifest.data.clip_shape} raw, {len(sizes)} TFRecord shards, "
           f"{total / 1e6:.1f} MB; {args.threads} reader threads, batch {args.batch}; endpoint {server.endpoint}; "
           f"commit {commit}", flush=True)
-    small = (1 + 2) * max(sizes)  # the least the cache takes: one shard read, two prefetched
+    # Two windows of the shard-windowed order (the one read, the next prefetched), for every order.
+    small = 2 * SHARD_WINDOW * max(sizes)
     rows = []
     for order in ORDERS:
         base = None
@@ -101,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
                 if make in ("cold", "small"):
                     shutil.rmtree(cache_dir, ignore_errors=True)
                 if make == "warm" and not os.path.exists(cache_dir):
-                    _epoch(url, order, cache=CacheSettings(cache_dir=cache_dir), threads=args.threads,
-                           batch=args.batch)
-                cache = None if make is None else CacheSettings(cache_dir=cache_dir,
+                    _epoch(url, order, cache=CacheSettings(cache_dir=cache_dir, prefetch=SHARD_WINDOW),
+                           threads=args.threads, batch=args.batch)
+                cache = None if make is None else CacheSettings(cache_dir=cache_dir, prefetch=SHARD_WINDOW,
                                                                 limit=small if make == "small" else None)
                 got = _epoch(local if make is None else url, order, cache=cache, threads=args.threads,
                              batch=args.batch)
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
           f"{'epoch: bytes/data':>18}")
     for order, label, t_open, rate, ratio, opened, fetched in rows:
         print(f"{order:<8} {label:<28} {t_open:7.2f} {rate:8.1f} {ratio:8.2f} {opened:17.2f} {fetched:18.2f}")
-    server.stop()
+    server.shutdown()
     if not args.root:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -87,8 +87,11 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
         sampler = DistributedClipSampler(len(dataset), shuffle=train, seed=seed)  # type: ignore[arg-type]
     store = getattr(dataset, "store", None)
     if getattr(store, "cache", None) is not None:
-        # Read from a URL: the sampler's order also drives the shard cache's prefetch.
-        sampler = PrefetchingSampler(sampler, store)  # type: ignore[arg-type]  # a ClipStore with a cache
+        # Read from a URL: the sampler's order also drives the shard cache's prefetch. The readers are
+        # behind the sampler by the batches read ahead (and the one being used).
+        ahead = prefetch_factor * max(1, workers) if threads is None else prefetch_factor
+        sampler = PrefetchingSampler(sampler, store,  # type: ignore[arg-type]  # a ClipStore with a cache
+                                     lag=batch_size * (ahead + 1))
     if threads is not None:
         extra = sorted(set(kw) - {"timeout"})
         if extra:

@@ -59,7 +59,7 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         check_dataset(args.val_data, "--val-data")
     if args.finetune and not os.path.isfile(args.finetune):
         raise TrainError(f"--finetune {args.finetune}: no such file")
-    cache = cache_settings(args.cache_dir, args.cache_limit)
+    cache = cache_settings(args)
     shape = shape or dataset_info(root, args.crop_size, cache=cache)
     if args.clip_len is not None and args.clip_len > shape.clip_len:
         raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "

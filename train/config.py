@@ -86,8 +86,9 @@ class TrainConfig:
         on_resume=FREE)
     cache_limit: int | None = option(
         DATA, "bytes the shard cache may hold (default 80%% of its disk's free space); refused when smaller "
-              "than the largest shard times 3 (one read, two prefetched)", ge=1, metavar="BYTES",
-        added_later=None, on_resume=FREE)
+              "than the largest shard times 1 + the prefetch (2 shards; with --order shards, --order-shards if "
+              "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards", ge=1,
+        metavar="BYTES", added_later=None, on_resume=FREE)
     loader: str = option(
         DATA, "reader: threads (default: reader threads in each training process, pinned batch ring), "
               "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "

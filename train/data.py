@@ -47,9 +47,14 @@ __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train
            "cache_settings", "data_identity", "dataset_info", "epoch_share", "train_sampler"]
 
 
-def cache_settings(cache_dir: str | None, cache_limit: int | None) -> CacheSettings:
-    """The shard cache of a conversion at a URL, from ``--cache-dir`` and ``--cache-limit``."""
-    return CacheSettings(cache_dir=cache_dir, limit=cache_limit)
+def cache_settings(options: Any) -> CacheSettings:
+    """The shard cache of a conversion at a URL, from ``--cache-dir`` and ``--cache-limit`` (``options``: the
+    parsed options or the TrainConfig). With ``--order shards`` it prefetches a whole window ahead: the next
+    window's shards download while the current one is read."""
+    prefetch = CacheSettings.prefetch
+    if getattr(options, "order", None) == "shards":
+        prefetch = max(prefetch, int(options.order_shards))
+    return CacheSettings(cache_dir=options.cache_dir, limit=options.cache_limit, prefetch=prefetch)
 
 
 def check_dataset(root: str | None, what: str) -> str:
@@ -302,7 +307,7 @@ def _readers(cfg: TrainConfig) -> dict:
 
 def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> ClipDataset:
     ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed,
-                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
+                     cache=cache_settings(cfg))
     # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
     # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
     # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.
@@ -327,7 +332,7 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
+                                     cache=cache_settings(cfg))
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
                              int(loader.steps_per_epoch), rewinds=route_for(root) != "native")
         ds = _dataset(root, True, preset, cfg)
@@ -357,7 +362,7 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg.cache_dir, cfg.cache_limit))
+                                     cache=cache_settings(cfg))
             return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
         ds = _dataset(root, False, preset, cfg)
         # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,

@@ -257,7 +257,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
     # Checks the folder (or URL) first.
-    shape = dataset_info(args.data, args.crop_size, cache=cache_settings(args.cache_dir, args.cache_limit))
+    shape = dataset_info(args.data, args.crop_size, cache=cache_settings(args))
     classes = shape.classes
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":

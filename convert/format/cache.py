@@ -57,6 +57,7 @@ DEFAULT_FRACTION = 0.8
 INDEX_DIR = ".index"
 LOCK_DIR = ".locks"
 RESERVE_DIR = ".reserve"
+WANTED_DIR = ".wanted"
 DOWNLOAD_LOG = "downloads.log"
 # Files of a shard folder a reader never needs (LMDB readers open without a lock file).
 _SKIP = ("lock.mdb",)
@@ -182,7 +183,7 @@ class ShardCache:
         tail = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.url.split("://", 1)[-1])[-40:]
         self.dir = os.path.join(base, f"{hashlib.sha256(self.url.encode()).hexdigest()[:16]}-{tail}")
         try:
-            for sub in (LOCK_DIR, INDEX_DIR, RESERVE_DIR):
+            for sub in (LOCK_DIR, INDEX_DIR, RESERVE_DIR, WANTED_DIR):
                 os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         except OSError as exc:
             raise CacheFullError(f"{self.url}: cannot make the cache folder {self.dir}: {exc.strerror}") from exc
@@ -205,6 +206,7 @@ class ShardCache:
         self.fetched = 0  # shards this process downloaded
         self.fetched_bytes = 0
         self._io_lock = threading.Lock()
+        self._wanted_fd: int | None = None
 
     # -- the mirror's metadata ------------------------------------------------
     def _mirror_metadata(self, raw: bytes) -> None:
@@ -218,7 +220,7 @@ class ShardCache:
         if old is not None and old != raw:
             # The URL now holds another conversion (or another run of it): nothing cached is known to belong.
             for name in os.listdir(self.dir):
-                if name not in (LOCK_DIR, ".cache.lock", RESERVE_DIR):
+                if name not in (LOCK_DIR, ".cache.lock", RESERVE_DIR, WANTED_DIR):
                     full = os.path.join(self.dir, name)
                     shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
             os.makedirs(os.path.join(self.dir, INDEX_DIR), exist_ok=True)
@@ -263,6 +265,7 @@ class ShardCache:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         del state["_io_lock"]
+        state["_wanted_fd"] = None  # this process's declaration of the shards it wants stays its own
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -306,14 +309,19 @@ class ShardCache:
             self.fetch(index, wait=True, before_wait=before_wait)
 
     def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None,
-              spare: Collection[int] = ()) -> bool:
+              spare: Collection[int] = (), on_reserved: Callable[[], None] | None = None) -> bool:
         """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room.
 
-        ``spare``: shards the room is not made by evicting (a prefetch spares
-        those the reading order still needs before the one it fetches).
+        Room is made by evicting least recently used shards that no reader
+        holds, those no process of the node wants (``want``) first. ``spare``:
+        shards never evicted for it; ``wait=False`` (a prefetch) also spares
+        every wanted shard. ``on_reserved`` is called once the room is
+        reserved (or the shard found there), before the download.
         """
         with _flock(self._lock_path(index), fcntl.LOCK_EX):
             if self.present(index):
+                if on_reserved is not None:
+                    on_reserved()
                 return True
             entry = self.manifest.shards[index]
             final = self.local_path(index)
@@ -324,12 +332,15 @@ class ShardCache:
                     shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             if not self._reserve(index, wait=wait, before_wait=before_wait, spare=spare):
                 return False
+            if on_reserved is not None:
+                on_reserved()
             tmp = os.path.join(parent, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
             try:
                 self._download(index, tmp)
                 summary = self._verify(index, tmp)
                 self._check_indexed(index, summary)
                 os.rename(tmp, final)
+                os.utime(self._lock_path(index))  # just arrived: the most recently used, for the LRU order
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -407,7 +418,9 @@ class ShardCache:
             with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
                 used = self.held_bytes() + self._reserved()
                 if used + size > self.limit:
-                    used -= self._evict(used + size - self.limit, keep={index, *spare})
+                    wanted = self.wanted()
+                    keep = {index, *spare, *(wanted if not wait else ())}
+                    used -= self._evict(used + size - self.limit, keep=keep, later=wanted)
                 if used + size <= self.limit:
                     self._write_atomic(os.path.join(self.dir, RESERVE_DIR, name), str(size).encode())
                     return True
@@ -438,17 +451,18 @@ class ShardCache:
                 total += int(f.read() or 0)
         return total
 
-    def _evict(self, need: int, *, keep: Collection[int]) -> int:
-        """Evict least recently used shards no reader holds, but those in ``keep``, until ``need`` bytes are freed."""
+    def _evict(self, need: int, *, keep: Collection[int], later: Collection[int] = ()) -> int:
+        """Evict least recently used shards no reader holds, but those in ``keep``, until ``need`` bytes are freed;
+        those in ``later`` only when the others do not free enough."""
         candidates = []
         for i in range(len(self.sizes)):
             if i not in keep and self.present(i):
                 try:
-                    candidates.append((os.path.getmtime(self._lock_path(i)), i))
+                    candidates.append((i in later, os.path.getmtime(self._lock_path(i)), i))
                 except FileNotFoundError:
-                    candidates.append((0.0, i))
+                    candidates.append((i in later, 0.0, i))
         freed = 0
-        for _, i in sorted(candidates):
+        for _, _, i in sorted(candidates):
             if freed >= need:
                 break
             fd = _try_exclusive(self._lock_path(i))
@@ -465,6 +479,66 @@ class ShardCache:
             finally:
                 os.close(fd)
         return freed
+
+    # -- what the readers of the node want kept ------------------------------------
+    def _wanted_paths(self) -> tuple[str, str]:
+        tag = f"{os.getpid()}-{id(self):x}"
+        folder = os.path.join(self.dir, WANTED_DIR)
+        return os.path.join(folder, f"{tag}.lock"), os.path.join(folder, f"{tag}.json")
+
+    def want(self, shards: Collection[int]) -> None:
+        """Declare the shards this reader reads now or next, for every process of the node.
+
+        A shard some process wants is evicted only when no other shard frees
+        the room (and never by a prefetch): with a shard-windowed order the
+        shards of the window being read, and the next ones fetched, stay, so
+        each is downloaded once per epoch. The declaration lasts until the next
+        call or the process's end (its lock file is held meanwhile).
+        """
+        lock, data = self._wanted_paths()
+        while self._wanted_fd is None:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._wanted_fd = fd
+            else:  # removed as stale between its creation and our lock: make it again
+                os.close(fd)
+        self._write_atomic(data, json.dumps(sorted({int(s) for s in shards})).encode())
+
+    def unwant(self) -> None:
+        """End this reader's declaration (``want``)."""
+        fd, self._wanted_fd = self._wanted_fd, None
+        if fd is None:
+            return
+        for path in self._wanted_paths()[::-1]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.close(fd)
+
+    def wanted(self) -> set[int]:
+        """The shards some live process of the node wants (``want``); declarations of ended processes are removed."""
+        folder = os.path.join(self.dir, WANTED_DIR)
+        out: set[int] = set()
+        for name in os.listdir(folder):
+            if not name.endswith(".lock"):
+                continue
+            lock = os.path.join(folder, name)
+            data = lock[:-len(".lock")] + ".json"
+            fd = _try_exclusive(lock)
+            if fd is not None:  # its process has ended (or not declared yet: then it has nothing to lose)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(data)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+                os.close(fd)
+                continue
+            with contextlib.suppress(FileNotFoundError, ValueError), open(data) as f:
+                out.update(int(s) for s in json.load(f) if 0 <= int(s) < len(self.sizes))
+        return out
 
     # -- the index ----------------------------------------------------------------
     def _summary_path(self, index: int) -> str:
@@ -545,26 +619,30 @@ class ShardCache:
 
 
 class Prefetcher:
-    """Fetches, in background threads, the shards a reading order needs next (``settings.prefetch`` ahead).
+    """Fetches, in the background, the shards a reading order needs next (``settings.prefetch`` ahead).
 
     ``plan(shards)`` gives an epoch's shards in the order it first needs
     them; ``advance(k, live=...)`` says the reading has reached the k-th of
-    them and which shards it still reads (their last clip is ahead). A
-    prefetch never waits for room, never evicts a live shard to make it (with
-    a shard-windowed order the window's shards are read together to its end:
-    evicting one to fetch the next window would fetch it again) and never
-    raises: a shard it could not fetch is fetched (or its error raised) by the
-    reader that needs it.
+    them and which shards it still reads. The shards are fetched in the
+    plan's order: each one's room is reserved before the next one's, so a
+    later shard never takes the room of a sooner one, while up to
+    ``settings.downloads`` download at once; the first that finds no room
+    ends the round (the next ``advance`` tries again). The live shards and
+    those ahead are declared wanted (``ShardCache.want``): a prefetch never
+    evicts them to make room, and a reader only when nothing else frees it.
+    A prefetch never waits for room and never raises: a shard it could not
+    fetch is fetched (or its error raised) by the reader that needs it.
     """
 
     def __init__(self, cache: ShardCache) -> None:
         self.cache = cache
         self._pool = ThreadPoolExecutor(cache.settings.downloads, thread_name_prefix="shard-prefetch")
+        self._driver = ThreadPoolExecutor(1, thread_name_prefix="shard-prefetch-plan")
         self._lock = threading.Lock()
         self._plan: list[int] = []
         self._pos = 0
+        self._round = 0
         self._inflight: set[int] = set()
-        self._live: frozenset[int] = frozenset()
         self.errors: list[str] = []
 
     def plan(self, shards: Sequence[int]) -> None:
@@ -575,26 +653,48 @@ class Prefetcher:
     def advance(self, position: int, *, live: Collection[int] = ()) -> None:
         with self._lock:
             self._pos = max(self._pos, position)
-            self._live = frozenset(int(x) for x in live)
-            want = self._plan[self._pos:self._pos + 1 + self.cache.settings.prefetch]
-            todo = [s for s in want if s not in self._inflight and not self.cache.present(s)]
-            self._inflight.update(todo)
-        for s in todo:
-            self._pool.submit(self._fetch, s)
+            ahead = self._plan[self._pos:self._pos + 1 + self.cache.settings.prefetch]
+            self._round += 1
+            token = self._round
+        self.cache.want({*live, *ahead})
+        self._driver.submit(self._run, token, ahead)
 
-    def _fetch(self, shard: int) -> None:
-        try:
+    def _run(self, token: int, ahead: list[int]) -> None:
+        """One round: the shards ``ahead`` not there yet, in order, each one's room reserved before the next."""
+        for shard in ahead:
             with self._lock:
-                live = self._live
-            self.cache.fetch(shard, wait=False, spare=live - {shard})
+                if token != self._round:
+                    return  # a newer round has the newer plan
+                if shard in self._inflight:
+                    continue
+            if self.cache.present(shard):
+                continue
+            with self._lock:
+                self._inflight.add(shard)
+            reserved = threading.Event()
+            future = self._pool.submit(self._fetch, shard, reserved)
+            while not reserved.wait(0.05):
+                if future.done():
+                    break
+            if not reserved.is_set() and future.done() and not future.result():
+                return  # no room without evicting what is read now or sooner: the next advance tries again
+
+    def _fetch(self, shard: int, reserved: threading.Event) -> bool:
+        try:
+            return self.cache.fetch(shard, wait=False, on_reserved=reserved.set)
         except (OSError, FormatError) as exc:
             self.errors.append(str(exc))  # the reader that needs the shard fetches it again and raises
+            return False
         finally:
             with self._lock:
                 self._inflight.discard(shard)
 
     def close(self) -> None:
+        with self._lock:
+            self._round += 1  # a round in progress stops at its next shard
+        self._driver.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.cache.unwant()
 
 
 __all__ = ["DEFAULT_FRACTION", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache", "ShardSummary",

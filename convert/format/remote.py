@@ -135,6 +135,7 @@ class Remote:
         self.attempts = attempts
         self.backoff = backoff
         self._fs: Any = None
+        self._fs_pid = 0
         self._base = ""
 
     def __getstate__(self) -> dict:
@@ -144,8 +145,8 @@ class Remote:
 
     @property
     def fs(self) -> Any:
-        """The fsspec file system (made on first use)."""
-        if self._fs is None:
+        """The fsspec file system (made on first use, and again in a forked child: s3fs's is not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
             try:
                 import fsspec
                 import fsspec.core
@@ -158,7 +159,7 @@ class Remote:
                 raise RemoteError(f"{self.url}: {self.scheme}:// needs {package}: pip install {package}") from exc
             except ValueError as exc:
                 raise RemoteError(f"{self.url}: {exc}") from exc
-            self._fs, self._base = fs, base.rstrip("/")
+            self._fs, self._fs_pid, self._base = fs, os.getpid(), base.rstrip("/")
         return self._fs
 
     def join(self, rel: str) -> str:

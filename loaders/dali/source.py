@@ -46,6 +46,7 @@ from convert.format import FormatError
 from convert.format.cache import CacheSettings
 from convert.format.system import cpu_count
 
+from ..prefetch import PrefetchPlan
 from ..presets import ClipPreset
 from .base import DaliLoaderBase, Pipeline, check_int, fn, pipeline_options, run_pipeline, to_torch, types
 from .graphs import Graph, graph_for
@@ -216,9 +217,15 @@ class DaliClipLoader(DaliLoaderBase):
         stream = torch.cuda.current_stream(self.device) if self.device is not None else None
         share = self._order.share(epoch)
         bs = self.batch_size
+        # From a URL: the shard cache prefetches in this order; the source reads up to the pipeline's
+        # prefetch (and the batch being made) ahead of the batches handed out.
+        plan = (PrefetchPlan(self.store, share[position:], ahead=bs * (self.prefetch + 1))
+                if self.store.cache is not None else None)
         for b in range(count):
             if token != self._token:
                 raise RuntimeError("this DaliClipLoader iterator was superseded by a newer iter() of the loader")
+            if plan is not None:
+                plan.at(b * bs)
             outs = self._run_pipe(pipe, stream)
             self._next_batch += 1
             n = self._order.valid(position, b)

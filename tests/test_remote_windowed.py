@@ -1,0 +1,124 @@
+"""A shard-windowed order through a cache smaller than the data: each shard is downloaded once per epoch.
+
+Read through ``build_loader`` as training reads (the sampler's order drives
+the prefetch; reader threads or worker processes behind it), from a real S3
+server, with a cache of two windows (the one read and the next, prefetched)
+holding half of the data; the downloads are counted from the cache's log,
+which every process of the node appends to.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import pytest
+
+from convert.format.cache import CacheSettings
+
+from .train_fixtures import tiny_data
+
+WINDOW = 2
+SHARDS = 8
+
+
+@pytest.fixture(scope="module")
+def eight_shards(tiny_data, tmp_path_factory) -> str:
+    """The 20 videos of ``tiny_data`` as eight TFRecord shards of five clips."""
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    out = str(tmp_path_factory.mktemp("windowed") / "tfrecord")
+    run_job(os.path.join(os.path.dirname(tiny_data), "videos", "train"), out,
+            ConvertConfig(backend="tfrecord", codec="raw", size=(40, 52), max_clips=2),
+            JobOptions(workers=2, shards=SHARDS, progress=False))
+    return out
+
+
+@pytest.mark.parametrize("readers", [{"threads": 2}, {"workers": 1}], ids=["threads", "processes"])
+def test_windowed_order_downloads_each_shard_once_per_epoch(s3_server, eight_shards, tmp_path, readers):
+    from loaders import ClipDataset, DistributedClipSampler, build_loader
+    from loaders.sampler import clip_shards
+
+    url = s3_server.upload(eight_shards, s3_server.bucket())
+    probe = ClipDataset(url, train=True, crop_size=32, seed=0, cache=CacheSettings(cache_dir=str(tmp_path / "p")))
+    sizes = probe.store.cache.sizes
+    probe.store.close()
+    assert len(sizes) == SHARDS
+    limit = 2 * WINDOW * max(sizes)
+    assert limit < sum(sizes)
+    ds = ClipDataset(url, train=True, crop_size=32, seed=0,
+                     cache=CacheSettings(cache_dir=str(tmp_path / "cache"), limit=limit, prefetch=WINDOW))
+    cache = ds.store.cache
+    sampler = DistributedClipSampler(len(ds), num_replicas=1, rank=0, seed=0, order="shards",
+                                     clip_shards=clip_shards(ds.store), shard_window=WINDOW)
+    loader = build_loader(ds, batch_size=2, sampler=sampler, train=True, drop_last=False, prefetch_factor=2,
+                          **readers)
+    names = sorted(s.name for s in ds.store.manifest.shards)
+    try:
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            before = len(cache.downloads())
+            present = {names[i] for i in range(SHARDS) if cache.present(i)}
+            seen = []
+            for batch in loader:
+                seen += [int(i) for i in batch["index"]]
+                assert cache.held_bytes() <= limit
+            got = collections.Counter(cache.downloads()[before:])
+            assert sorted(seen) == list(range(len(ds))), epoch
+            # Each shard once: the ones the epoch began without exactly once, the others at most once.
+            assert max(got.values(), default=0) == 1, (epoch, got)
+            assert set(names) - present <= set(got), (epoch, got, present)
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
+        ds.store.close()
+
+
+def test_dali_source_route_prefetches_in_its_order(s3_server, eight_shards, tmp_path):
+    """DALI's source route drives the prefetch from the batches it hands out: after the first batch the next
+    shards of its order are in the cache before any read needs them, and read shard by shard through a
+    three-shard cache each shard is downloaded once per epoch."""
+    from loaders import ClipPreset, dali
+
+    if dali.missing() is not None:
+        pytest.skip(f"DALI not usable: {dali.missing()}")
+    import time
+
+    import numpy as np
+
+    from loaders.dali import DaliClipLoader
+
+    url = s3_server.upload(eight_shards, s3_server.bucket())
+    probe = ClipPreset(train=True, crop_size=32, seed=3)
+    loader = DaliClipLoader(url, train=True, batch_size=1, preset=probe, workers=0, prefetch=1,
+                            cache=CacheSettings(cache_dir=str(tmp_path / "p")))
+    store = loader.store
+    order = np.argsort(store.shards_of(np.arange(len(store))), kind="stable")  # shard by shard
+    sizes = store.cache.sizes
+    loader.close()
+    store.close()
+    settings = CacheSettings(cache_dir=str(tmp_path / "cache"), limit=3 * max(sizes), prefetch=2)
+    loader = DaliClipLoader(url, train=True, batch_size=1, preset=probe, workers=0, prefetch=1, share=order,
+                            cache=settings)
+    cache = loader.store.cache
+    try:
+        it = iter(loader)
+        next(it)
+        deadline = time.monotonic() + 30
+        while not (cache.present(1) and cache.present(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The readers are at most two clips into shard 0 (five clips): shards 1 and 2 came by prefetch.
+        assert cache.present(1) and cache.present(2), cache.downloads()
+        seen = [1 + sum(1 for _ in it)]
+        for epoch in (1, 2):
+            loader.set_epoch(epoch)
+            before = len(cache.downloads())
+            seen.append(sum(1 for _ in loader))
+            got = collections.Counter(cache.downloads()[before:])
+            assert max(got.values(), default=0) == 1, (epoch, got)
+            assert cache.held_bytes() <= settings.limit
+        assert seen == [len(order)] * 3
+    finally:
+        loader.close()
+        loader.store.close()
