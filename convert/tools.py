@@ -7,8 +7,10 @@ import sys
 
 import numpy as np
 
-from .argtypes import OneLineParser, number, whole
-from .format import WRITE_CODECS, FormatError, Manifest, open_clips, read_manifest
+from .argtypes import OneLineParser, byte_count, number, whole
+from .format import WRITE_CODECS, FormatError, Manifest, manifest_at, open_clips, read_manifest
+from .format.cache import CacheSettings, verify_url
+from .format.remote import is_url
 from .format.verify import verify
 from .options import MAX_WORKERS
 from .summary import describe_shape, print_summary
@@ -117,6 +119,12 @@ EXIT_CODES = ("Exit status: 0 sound; 1 OUT is a conversion but reading it failed
 
 def _usable_out(cmd: str, out: str) -> Manifest | None:
     """OUT's manifest, or None after saying in one line why OUT is no finished conversion."""
+    if is_url(out):
+        try:
+            return manifest_at(out)
+        except (FormatError, OSError) as exc:  # RemoteError is an OSError
+            print(f"{cmd}: error: {exc}", file=sys.stderr)
+            return None
     if not os.path.isdir(out):
         what = "is not a folder" if os.path.exists(out) else "does not exist"
         print(f"{cmd}: error: {out}: {what}; give the OUT folder of a conversion", file=sys.stderr)
@@ -132,12 +140,26 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
     if cmd == "verify":
-        p.description = "Reopen every shard, check counts and checksums against the manifest, decode every value."
+        p.description = ("Reopen every shard, check counts and checksums against the manifest, decode every value. "
+                         "OUT may be a URL (s3://..., gs://..., http(s)://...): its shards are downloaded into a "
+                         "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
+        p.add_argument("--cache-dir", metavar="DIR", help="with a URL: the shard cache (default "
+                       "$XDG_CACHE_HOME/videoclips, the trainer's; shards checked stay there)")
+        p.add_argument("--cache-limit", metavar="BYTES", type=byte_count(1),
+                       help="with a URL: bytes the cache may hold (default 80%% of its disk's free space)")
         args = p.parse_args(rest)
         if _usable_out("verify", args.out) is None:
             return 2
-        problems, counts = verify(args.out)
+        try:
+            if is_url(args.out):
+                settings = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
+                problems, counts = verify_url(args.out, cache=settings)
+            else:
+                problems, counts = verify(args.out)
+        except OSError as exc:  # the network or the cache disk, not the data: a problem of the machine
+            print(f"verify: error: {exc}", file=sys.stderr)
+            return 1
         if problems:
             for line in problems:
                 print(f"verify: {line}", file=sys.stderr)

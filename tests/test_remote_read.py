@@ -116,6 +116,31 @@ def test_flipped_byte_lmdb(s3_server, tiny_data, tmp_path):
     assert f"{url}/{manifest['shards'][1]['path']}" in str(err.value) and "\n" not in str(err.value)
 
 
+def test_verify_a_url(s3_server, tiny_tfrecord, tmp_path, capsys):
+    """``python -m convert verify URL``: sound, then one flipped byte named by its shard's URL (exit 1); an
+    missing bucket is one line and exit 2 (no conversion could be read)."""
+    from convert.tools import main as tools_main
+
+    bucket, url = _bucket_copy(s3_server, tiny_tfrecord)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert tools_main(["verify", url, *cache]) == 0
+    assert capsys.readouterr().out.strip() == f"{url}: ok (4 shards, 20 videos, 40 clips)"
+    fs = s3_server.fs()
+    manifest = json.loads(fs.cat_file(f"{bucket}/data/manifest.json"))
+    shard = manifest["shards"][2]
+    key = f"{bucket}/data/{shard['path']}/{shard['files'][0]['path']}"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 0x01
+    fs.pipe_file(key, bytes(data))
+    assert tools_main(["verify", url, "--cache-dir", str(tmp_path / "other")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"verify: {url}/{shard['path']}") and "on arrival" in err[0], err
+    gone = "s3://nobucket/data"
+    code = tools_main(["verify", gone, *cache, "--cache-limit", "1G"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"verify: error: {gone}/manifest.json"), err
+
+
 def test_truncated_object(s3_server, tiny_tfrecord, tmp_path):
     bucket, url = _bucket_copy(s3_server, tiny_tfrecord)
     fs = s3_server.fs()
@@ -166,6 +191,21 @@ def test_missing_credentials(s3_server, tmp_path):
     last = got.stderr.strip().splitlines()[-1]
     assert got.returncode == 1 and "RemoteError: s3://any/data/manifest.json: reading failed: no credentials" in last
     assert "attempts" not in last
+
+
+def test_endpoint_and_credentials_from_fsspec_configuration(s3_server, tiny_tfrecord, tmp_path):
+    """No AWS variable at all: the endpoint and keys come from fsspec's own configuration (``FSSPEC_S3``, a
+    JSON object of storage options), which every reader takes as it is (here ``python -m convert verify``)."""
+    url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    options = {"endpoint_url": s3_server.endpoint, "key": "testing", "secret": "testing"}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_DEFAULT_REGION="us-east-1",
+               FSSPEC_S3=json.dumps(options), PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    got = subprocess.run([sys.executable, "-m", "convert", "verify", url, "--cache-dir", str(tmp_path / "c")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == f"{url}: ok (4 shards, 20 videos, 40 clips)"
 
 
 def test_cache_smaller_than_the_data(s3_server, tiny_tfrecord, tmp_path):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -47,9 +48,10 @@ from typing import Any
 
 from .errors import FormatError, ShardMissing
 from .layout import MANIFEST, PLAN
-from .manifest import Manifest
+from .manifest import Manifest, check_plan
 from .records import VideoRecord, sort_records
 from .remote import ATTEMPTS, BACKOFF_S, Remote, RemoteError
+from .system import cpu_count
 
 # The default limit: this fraction of the cache disk's free space (plus what the cache already holds), so that
 # the cache never fills a disk other programs write to.
@@ -108,21 +110,6 @@ class CacheSettings:
                 raise ValueError(f"cache {name} must be a number >= 0, got {value!r}")
         if not isinstance(self.storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
-
-
-def parse_bytes(text: str) -> int:
-    """``"20G"``, ``"500M"``, ``"123456"`` (K, M, G, T: powers of 1024) as a number of bytes."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = raw[-1:] if raw[-1:] in units and raw[-1:] else ""
-    number = raw[:-1] if unit else raw
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a size in bytes (such as 500M, 20G)") from None
-    if not value > 0:
-        raise ValueError(f"{text!r}: a size must be > 0")
-    return int(value * units[unit])
 
 
 @contextlib.contextmanager
@@ -697,5 +684,57 @@ class Prefetcher:
         self.cache.unwant()
 
 
+def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
+               cache: CacheSettings | None = None) -> tuple[list[str], dict]:
+    """``verify`` of the conversion at ``url``: all problems (empty when it is sound), and the counts checked.
+
+    Each shard is downloaded into the shard cache (``cache``: its settings),
+    checked on arrival, then decoded in full in a child process as a folder's
+    shards are; a few at a time, so the disk holds the cache's limit at most;
+    the shards stay cached. A network failure or a full cache disk
+    (``RemoteError``) is raised, never reported as a problem of the data.
+    """
+    from .verify import isolated, verify_shard
+
+    workers = cpu_count() if workers is None else workers
+    try:
+        sc = ShardCache(url, cache)
+    except FormatError as exc:
+        return [str(exc)], {}
+    manifest = sc.manifest
+    problems: list[str] = []
+    try:
+        check_plan(sc.dir, manifest)  # the mirror holds the URL's plan.json, when there is one
+    except FormatError as exc:
+        problems.append(str(exc).replace(sc.dir, sc.url))
+    # As many shards at once as there are workers and the cache holds.
+    at_once = max(1, min(workers, sc.limit // max(max(sc.sizes, default=1), 1) - 1))
+    order = list(range(len(manifest.shards)))
+    for start in range(0, len(order), at_once):
+        holds = {}
+        try:
+            for i in order[start:start + at_once]:
+                try:
+                    holds[i] = sc.acquire(i)  # downloaded and checked on arrival unless cached
+                except FormatError as exc:
+                    problems.append(str(exc))
+            tasks: list[tuple[str, Callable[[], list[str]]]] = [
+                (manifest.shards[i].name, functools.partial(verify_shard, sc.local_path(i), i, manifest,
+                                                            decode=decode)) for i in holds]
+            found = isolated(tasks, workers)
+        finally:
+            for hold in holds.values():
+                hold.release()
+        for line in found:
+            for i in holds:
+                line = line.replace(sc.local_path(i), sc.shard_url(i))
+            problems.append(line)
+    totals = manifest.totals
+    for key in ("clips", "videos", "value_bytes"):
+        if sum(getattr(m, key) for m in manifest.shards) != getattr(totals, key):
+            problems.append(f"{sc.url}/manifest.json: shard {key} counts do not add up to totals.{key}")
+    return problems, {"shards": len(manifest.shards), "clips": totals.clips, "videos": totals.videos}
+
+
 __all__ = ["DEFAULT_FRACTION", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache", "ShardSummary",
-           "default_cache_dir", "parse_bytes"]
+           "default_cache_dir", "verify_url"]

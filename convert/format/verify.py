@@ -145,7 +145,8 @@ def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> 
 
 
 def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tuple[list[str], dict]:
-    """All problems in a conversion folder (empty when it is sound), and the counts checked."""
+    """All problems in a conversion folder (empty when it is sound), and the counts checked (a URL:
+    ``cache.verify_url``)."""
     try:
         manifest = read_manifest(out)
     except FormatError as exc:
