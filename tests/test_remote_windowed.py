@@ -4,7 +4,8 @@ Read through ``build_loader`` as training reads (the sampler's order drives
 the prefetch; reader threads or worker processes behind it), from a real S3
 server, with a cache of two windows (the one read and the next, prefetched)
 holding half of the data; the downloads are counted from the cache's log,
-which every process of the node appends to.
+which every process of the node appends to. The declarations of the
+shards being read, which make this so, are checked across processes too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from convert.format.cache import CacheSettings
 
-from .train_fixtures import tiny_data
+from .train_fixtures import tiny_data, tiny_tfrecord
 
 WINDOW = 2
 SHARDS = 8
@@ -122,3 +123,46 @@ def test_dali_source_route_prefetches_in_its_order(s3_server, eight_shards, tmp_
     finally:
         loader.close()
         loader.store.close()
+
+
+def _declare_and_exit(url: str, cache_dir: str, shards: list[int]) -> None:
+    from convert.format.cache import ShardCache
+
+    ShardCache(url, CacheSettings(cache_dir=cache_dir)).want(shards)
+
+
+def test_shards_a_process_reads_are_kept_for_it(tiny_tfrecord, tmp_path):
+    """Declarations are the node's: a prefetch in one process never evicts a shard another process declared
+    (it gives up instead); a read evicts one only when nothing else frees the room; the declaration of a
+    process that ended counts for nothing."""
+    import multiprocessing
+
+    from convert.format.cache import ShardCache
+
+    url = f"file://{tiny_tfrecord}"
+    cache_dir = str(tmp_path / "cache")
+    first = ShardCache(url, CacheSettings(cache_dir=cache_dir))
+    limit = 3 * max(first.sizes)
+    a = ShardCache(url, CacheSettings(cache_dir=cache_dir, limit=limit))
+    b = ShardCache(url, CacheSettings(cache_dir=cache_dir, limit=limit))
+    for s in (0, 1, 2):
+        a.acquire(s).release()
+    a.want({0, 1, 2})
+    assert b.wanted() == {0, 1, 2}
+    assert not b.fetch(3, wait=False)  # a prefetch: every shard there is wanted
+    assert all(b.present(s) for s in (0, 1, 2)) and not b.present(3)
+    a.want({0, 2})
+    assert b.fetch(3, wait=False)  # shard 1, wanted by nobody, made the room
+    assert not b.present(1) and all(b.present(s) for s in (0, 2, 3))
+    a.want({0, 2, 3})
+    b.acquire(1).release()  # a read: evicts a wanted shard (the least recently used) when it must
+    assert b.present(1) and b.held_bytes() <= limit
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_declare_and_exit, args=(url, cache_dir, [1]))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert b.wanted() == {0, 2, 3}  # the ended process's declaration is gone
+    a.unwant()
+    assert b.wanted() == set()
+    assert os.listdir(os.path.join(b.dir, ".wanted")) == []
