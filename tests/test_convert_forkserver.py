@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 
 import pytest
@@ -128,9 +129,16 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
 
     assert isinstance(one_shard(), forkserver.ForkedProcess)
     broken = forkserver._server
-    broken.sock.close()  # the request fails: the server is killed and the shard process started afresh
-    assert isinstance(one_shard(), subprocess.Popen)
-    assert broken.proc.poll() is not None and forkserver._server is None  # gone (it may see its socket close first)
+    # The request fails on a socket whose other end is gone, while the server itself is still up (closing its
+    # real socket would let it see the close and exit first, and the next spawn would start a new server).
+    real = broken.sock
+    broken.sock, gone = socket.socketpair()
+    gone.close()
+    try:
+        assert isinstance(one_shard(), subprocess.Popen)  # the server was killed, the shard process started afresh
+    finally:
+        real.close()
+    assert broken.proc.poll() is not None and forkserver._server is None
     assert isinstance(one_shard(), forkserver.ForkedProcess)  # a new server
     dead = forkserver._server
     dead.proc.kill()
