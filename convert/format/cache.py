@@ -302,72 +302,53 @@ class ShardCache:
         Room is made by evicting least recently used shards that no reader
         holds, those no process of the node wants (``want``) first. ``spare``:
         shards never evicted for it; ``wait=False`` (a prefetch) also spares
-        every wanted shard, and does not wait for another process fetching
-        the shard either (True: it will be there). ``on_reserved`` is called
-        once the room is reserved (or the shard found there or being
-        fetched), before the download.
+        every wanted shard. ``on_reserved`` is called once the room is
+        reserved (or the shard found there), before the download.
         """
-        if wait:
-            with _flock(self._lock_path(index), fcntl.LOCK_EX):
-                return self._fetch_locked(index, wait=wait, before_wait=before_wait, spare=spare,
-                                          on_reserved=on_reserved)
-        fd = _try_exclusive(self._lock_path(index))
-        if fd is None:  # another process downloads it now (or a reader is about to)
+        with _flock(self._lock_path(index), fcntl.LOCK_EX):
+            if self.present(index):
+                if on_reserved is not None:
+                    on_reserved()
+                return True
+            entry = self.manifest.shards[index]
+            final = self.local_path(index)
+            parent = os.path.dirname(final)
+            os.makedirs(parent, exist_ok=True)
+            for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
+                if name.startswith(f".tmp-{entry.name}-"):
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            if not self._reserve(index, wait=wait, before_wait=before_wait, spare=spare):
+                return False
             if on_reserved is not None:
                 on_reserved()
+            tmp = os.path.join(parent, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
+            try:
+                self._download(index, tmp)
+                summary = self._verify(index, tmp)
+                self._check_indexed(index, summary)
+                os.rename(tmp, final)
+                os.utime(self._lock_path(index))  # just arrived: the most recently used, for the LRU order
+            except OSError as exc:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    free = shutil.disk_usage(self.dir).free
+                    raise CacheFullError(f"{self.shard_url(index)}: no space left in the cache {self.dir} "
+                                         f"({free} bytes free, the shard needs {self.sizes[index]}): free the "
+                                         f"disk or lower --cache-limit") from exc
+                raise
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, RESERVE_DIR, entry.name))
+            self._save_summary(index, summary)
+            with self._io_lock:
+                self.fetched += 1
+                self.fetched_bytes += self.sizes[index]
+            with open(os.path.join(self.dir, DOWNLOAD_LOG), "a") as f:
+                f.write(f"{entry.name} {self.sizes[index]} {os.getpid()}\n")  # one write: O_APPEND keeps lines whole
             return True
-        try:
-            return self._fetch_locked(index, wait=wait, before_wait=before_wait, spare=spare,
-                                      on_reserved=on_reserved)
-        finally:
-            os.close(fd)
-
-    def _fetch_locked(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None,
-                      spare: Collection[int], on_reserved: Callable[[], None] | None) -> bool:
-        """``fetch`` with the shard's lock held exclusively."""
-        if self.present(index):
-            if on_reserved is not None:
-                on_reserved()
-            return True
-        entry = self.manifest.shards[index]
-        final = self.local_path(index)
-        parent = os.path.dirname(final)
-        os.makedirs(parent, exist_ok=True)
-        for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
-            if name.startswith(f".tmp-{entry.name}-"):
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        if not self._reserve(index, wait=wait, before_wait=before_wait, spare=spare):
-            return False
-        if on_reserved is not None:
-            on_reserved()
-        tmp = os.path.join(parent, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
-        try:
-            self._download(index, tmp)
-            summary = self._verify(index, tmp)
-            self._check_indexed(index, summary)
-            os.rename(tmp, final)
-            os.utime(self._lock_path(index))  # just arrived: the most recently used, for the LRU order
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(self.dir).free
-                raise CacheFullError(f"{self.shard_url(index)}: no space left in the cache {self.dir} "
-                                     f"({free} bytes free, the shard needs {self.sizes[index]}): free the "
-                                     f"disk or lower --cache-limit") from exc
-            raise
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.dir, RESERVE_DIR, entry.name))
-        self._save_summary(index, summary)
-        with self._io_lock:
-            self.fetched += 1
-            self.fetched_bytes += self.sizes[index]
-        with open(os.path.join(self.dir, DOWNLOAD_LOG), "a") as f:
-            f.write(f"{entry.name} {self.sizes[index]} {os.getpid()}\n")  # one write: O_APPEND keeps lines whole
-        return True
 
     def _download(self, index: int, tmp: str) -> None:
         entry = self.manifest.shards[index]
