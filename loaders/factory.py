@@ -89,7 +89,10 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
     if getattr(store, "cache", None) is not None:
         # Read from a URL: the sampler's order also drives the shard cache's prefetch. The readers are
         # behind the sampler by the batches read ahead (and the one being used).
-        ahead = prefetch_factor * max(1, workers) if threads is None else prefetch_factor
+        if threads is not None:
+            ahead = prefetch_factor if threads else 1  # no reader threads: one batch read at a time
+        else:
+            ahead = prefetch_factor * workers  # no workers: read as the sampler hands out
         sampler = PrefetchingSampler(sampler, store,  # type: ignore[arg-type]  # a ClipStore with a cache
                                      lag=batch_size * (ahead + 1))
     if threads is not None:

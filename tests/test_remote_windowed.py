@@ -166,3 +166,70 @@ def test_shards_a_process_reads_are_kept_for_it(tiny_tfrecord, tmp_path):
     a.unwant()
     assert b.wanted() == set()
     assert os.listdir(os.path.join(b.dir, ".wanted")) == []
+
+
+def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    from train.main import run_argv
+
+    run_argv(argv)
+
+
+def test_the_trainers_start_up_check_downloads_one_shard(s3_server, eight_shards, tmp_path):
+    """Checking the clip shape of a remote conversion reads the shards already cached, else the first: it must
+    not download the data (Kinetics from a bucket is terabytes)."""
+    from convert.format.cache import ShardCache
+    from train.data import dataset_info
+
+    url = s3_server.upload(eight_shards, s3_server.bucket())
+    settings = CacheSettings(cache_dir=str(tmp_path / "cache"))
+    shape = dataset_info(url, 32, cache=settings)
+    assert shape.clip_len == 16
+    assert ShardCache(url, settings).downloads() == ["shard-00000"]
+    dataset_info(url, 32, cache=settings)
+    assert ShardCache(url, settings).downloads() == ["shard-00000"]
+
+
+def test_two_ranks_of_a_node_train_from_one_cache_each_shard_once_per_epoch(s3_server, eight_shards, tmp_path):
+    """The trainer on two gloo processes from ``s3://`` with ``--order shards --order-shards 2`` and one cache of
+    two windows (half the data) for both: every shard downloaded once per epoch for the node, two epochs."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from .train_fixtures import common
+
+    url = s3_server.upload(eight_shards, s3_server.bucket())
+    probe = _shard_sizes(url, tmp_path)
+    limit = 2 * WINDOW * max(probe)
+    assert limit < sum(probe)
+    cache_dir = tmp_path / "cache"
+    argv = common(url, tmp_path / "run") + [
+        "--batch-size", "2", "--optimizer", "sgd", "--lr", "0.01", "--epochs", "2", "--eval-every", "0",
+        "--order", "shards", "--order-shards", str(WINDOW), "--cache-dir", str(cache_dir),
+        "--cache-limit", str(limit)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.start_processes(_rank, args=(2, port, argv), nprocs=2, start_method="spawn")
+    from convert.format.cache import ShardCache
+
+    got = collections.Counter(ShardCache(url, CacheSettings(cache_dir=str(cache_dir))).downloads())
+    # Epoch 0 downloads all eight (the start-up check of the clip shape one of them, read on by the epoch);
+    # epoch 1 those the cache lost since, each once (its first window may still be there from epoch 0).
+    assert set(got) == {f"shard-{i:05d}" for i in range(SHARDS)} and max(got.values()) <= 2, got
+    assert SHARDS + SHARDS - 2 * WINDOW <= sum(got.values()) <= 2 * SHARDS, got
+
+
+def _shard_sizes(url: str, tmp_path) -> list[int]:
+    """The shard sizes of the conversion at ``url``."""
+    from convert.format import open_clips
+
+    store = open_clips(url, cache=CacheSettings(cache_dir=str(tmp_path / "probe")))
+    sizes = list(store.cache.sizes)
+    store.close()
+    return sizes

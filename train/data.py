@@ -105,7 +105,8 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSe
     The manifest gives the clip length (``clip_shape``, or ``clip.clip_len`` when
     frames keep their aspect); the first stored clip of every shard is checked
     against it (a header read each), so a conversion whose clips differ in
-    length fails here rather than in a loader worker. ``crop_size`` must fit the
+    length fails here rather than in a loader worker (from a URL: of every
+    shard in the cache, else of the first shard). ``crop_size`` must fit the
     frames (the short side, for ``--short-side`` conversions).
     """
     check_dataset(root, flag)
@@ -116,6 +117,11 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSe
         clip_len = int(shape[0]) if shape else manifest.data.clip.clip_len
         starts = np.concatenate(([0], np.cumsum(store.video_clips)[:-1]))
         first_of_shard = np.flatnonzero(np.diff(store.video_shard, prepend=-1))
+        if store.cache is not None:
+            # From a URL, a check must not download the data: the shards already in the cache, else the first
+            # (which training reads anyway); the loaders check every clip's shape as they read.
+            cached = [v for v in first_of_shard if store.cache.present(int(store.video_shard[v]))]
+            first_of_shard = np.asarray(cached or first_of_shard[:1], dtype=np.int64)
         sample = [int(starts[v]) for v in first_of_shard]
         seen: dict[int, tuple[int, ...]] = {}
         store.visit(sample, lambda pos, header, payload: seen.__setitem__(pos, header.shape))
