@@ -403,7 +403,10 @@ class ShardCache:
         waited = False
         while True:
             with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
-                used = self.held_bytes() + self._reserved()
+                # Reservations first: a download that finishes meanwhile renames its shard into place before
+                # it drops its reservation, so it is counted once or twice, never missed.
+                reserved = self._reserved()
+                used = reserved + self.held_bytes()
                 if used + size > self.limit:
                     wanted = self.wanted()
                     keep = {index, *spare, *(wanted if not wait else ())}
