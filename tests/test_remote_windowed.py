@@ -169,12 +169,11 @@ def test_shards_a_process_reads_are_kept_for_it(tiny_tfrecord, tmp_path):
 
 
 def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    import torch
-
-    torch.set_num_threads(1)
     from train.main import run_argv
+
+    from .train_fixtures import as_torchrun_rank
+
+    as_torchrun_rank(rank, world, port)
 
     run_argv(argv)
 
@@ -197,11 +196,9 @@ def test_the_trainers_start_up_check_downloads_one_shard(s3_server, eight_shards
 def test_two_ranks_of_a_node_train_from_one_cache_each_shard_once_per_epoch(s3_server, eight_shards, tmp_path):
     """The trainer on two gloo processes from ``s3://`` with ``--order shards --order-shards 2`` and one cache of
     two windows (half the data) for both: every shard downloaded once per epoch for the node, two epochs."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    from .train_fixtures import common
+    from .train_fixtures import common, free_port
 
     url = s3_server.upload(eight_shards, s3_server.bucket())
     probe = _shard_sizes(url, tmp_path)
@@ -212,10 +209,7 @@ def test_two_ranks_of_a_node_train_from_one_cache_each_shard_once_per_epoch(s3_s
         "--batch-size", "2", "--optimizer", "sgd", "--lr", "0.01", "--epochs", "2", "--eval-every", "0",
         "--order", "shards", "--order-shards", str(WINDOW), "--cache-dir", str(cache_dir),
         "--cache-limit", str(limit)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    mp.start_processes(_rank, args=(2, port, argv), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, free_port(), argv), nprocs=2, start_method="spawn")
     from convert.format.cache import ShardCache
 
     got = collections.Counter(ShardCache(url, CacheSettings(cache_dir=str(cache_dir))).downloads())

@@ -12,25 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections import Counter
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 from loaders import DistributedClipSampler
 from train import checkpoint as ckpt_io
 
-from .train_fixtures import common, final_state, tiny_data, tiny_tfrecord  # noqa: F401
+from .train_fixtures import as_torchrun_rank, common, final_state, free_port, tiny_data, tiny_tfrecord  # noqa: F401
 
 SEED = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _recording(rank: int, record: str):
@@ -50,9 +42,7 @@ def _recording(rank: int, record: str):
 
 def _rank_main(rank: int, world: int, port: int, argv: list[str], record: str) -> None:
     """One rank: torchrun's environment, the training data's batches written to ``record``, then the trainer."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
+    as_torchrun_rank(rank, world, port)
     import train.data
     from train.main import run_argv
 
@@ -63,7 +53,7 @@ def _rank_main(rank: int, world: int, port: int, argv: list[str], record: str) -
 def _train(world: int, argv: list[str], record: str, monkeypatch) -> None:
     """``python -m train ARGV`` on ``world`` gloo processes (one: in this process, no process group)."""
     if world > 1:
-        mp.start_processes(_rank_main, args=(world, _free_port(), argv, record), nprocs=world, start_method="spawn")
+        mp.start_processes(_rank_main, args=(world, free_port(), argv, record), nprocs=world, start_method="spawn")
         return
     import train.data
     from train.main import run_argv

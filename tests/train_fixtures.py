@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from collections import OrderedDict
 
@@ -22,6 +23,20 @@ from .conftest import ROOT
 
 CPU = torch.device("cpu")
 _BUILT: dict[str, str] = {}
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (for a process group's MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def as_torchrun_rank(rank: int, world: int, port: int) -> None:
+    """This process as rank ``rank`` of ``world`` on one node, with torchrun's environment (gloo, one thread)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

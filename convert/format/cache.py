@@ -112,9 +112,14 @@ class CacheSettings:
             raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
 
 
+def _open_lock(path: str) -> int:
+    """A descriptor of lock file ``path`` (made if absent), not inherited by child processes."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+
 @contextlib.contextmanager
 def _flock(path: str, how: int) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, how)
         yield fd
@@ -124,7 +129,7 @@ def _flock(path: str, how: int) -> Iterator[int]:
 
 def _try_exclusive(path: str) -> int | None:
     """An exclusive lock on ``path`` taken without waiting (its fd), or None when someone holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -287,7 +292,7 @@ class ShardCache:
         """
         lock = self._lock_path(index)
         while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = _open_lock(lock)
             fcntl.flock(fd, fcntl.LOCK_SH)
             if self.present(index):
                 os.utime(lock)  # its last use, for the LRU order
@@ -296,13 +301,13 @@ class ShardCache:
             self.fetch(index, wait=True, before_wait=before_wait)
 
     def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None,
-              spare: Collection[int] = (), on_reserved: Callable[[], None] | None = None) -> bool:
+              on_reserved: Callable[[], None] | None = None) -> bool:
         """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room.
 
         Room is made by evicting least recently used shards that no reader
-        holds, those no process of the node wants (``want``) first. ``spare``:
-        shards never evicted for it; ``wait=False`` (a prefetch) also spares
-        every wanted shard. ``on_reserved`` is called once the room is
+        holds, those no process of the node wants (``want``) first;
+        ``wait=False`` (a prefetch) evicts no wanted shard at all.
+        ``on_reserved`` is called once the room is
         reserved (or the shard found there), before the download.
         """
         with _flock(self._lock_path(index), fcntl.LOCK_EX):
@@ -317,7 +322,7 @@ class ShardCache:
             for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
                 if name.startswith(f".tmp-{entry.name}-"):
                     shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-            if not self._reserve(index, wait=wait, before_wait=before_wait, spare=spare):
+            if not self._reserve(index, wait=wait, before_wait=before_wait):
                 return False
             if on_reserved is not None:
                 on_reserved()
@@ -394,8 +399,7 @@ class ShardCache:
                               f"(replaced while being read?)")
 
     # -- room -------------------------------------------------------------------
-    def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None,
-                 spare: Collection[int] = ()) -> bool:
+    def _reserve(self, index: int, *, wait: bool, before_wait: Callable[[], None] | None) -> bool:
         """Room for shard ``index`` within the limit, evicting LRU shards no reader holds; False if none (no wait)."""
         name = self.manifest.shards[index].name
         size = self.sizes[index]
@@ -409,7 +413,7 @@ class ShardCache:
                 used = reserved + self.held_bytes()
                 if used + size > self.limit:
                     wanted = self.wanted()
-                    keep = {index, *spare, *(wanted if not wait else ())}
+                    keep = {index, *(wanted if not wait else ())}
                     used -= self._evict(used + size - self.limit, keep=keep, later=wanted)
                 if used + size <= self.limit:
                     self._write_atomic(os.path.join(self.dir, RESERVE_DIR, name), str(size).encode())
@@ -487,7 +491,7 @@ class ShardCache:
         """
         lock, data = self._wanted_paths()
         while self._wanted_fd is None:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = _open_lock(lock)
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
                 same = os.stat(lock).st_ino == os.fstat(fd).st_ino
@@ -666,7 +670,7 @@ class Prefetcher:
             while not reserved.wait(0.05):
                 if future.done():
                     break
-            if not reserved.is_set() and future.done() and not future.result():
+            if not reserved.is_set() and not future.result():  # the loop ended: reserved, or the fetch done
                 return  # no room without evicting what is read now or sooner: the next advance tries again
 
     def _fetch(self, shard: int, reserved: threading.Event) -> bool:
@@ -697,7 +701,7 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
     the shards stay cached. A network failure or a full cache disk
     (``RemoteError``) is raised, never reported as a problem of the data.
     """
-    from .verify import isolated, verify_shard
+    from .verify import checked_counts, isolated, totals_problems, verify_shard
 
     workers = cpu_count() if workers is None else workers
     try:
@@ -732,11 +736,8 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
             for i in holds:
                 line = line.replace(sc.local_path(i), sc.shard_url(i))
             problems.append(line)
-    totals = manifest.totals
-    for key in ("clips", "videos", "value_bytes"):
-        if sum(getattr(m, key) for m in manifest.shards) != getattr(totals, key):
-            problems.append(f"{sc.url}/manifest.json: shard {key} counts do not add up to totals.{key}")
-    return problems, {"shards": len(manifest.shards), "clips": totals.clips, "videos": totals.videos}
+    problems += totals_problems(manifest, f"{sc.url}/manifest.json")
+    return problems, checked_counts(manifest)
 
 
 __all__ = ["DEFAULT_FRACTION", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache", "ShardSummary",

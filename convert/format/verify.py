@@ -159,11 +159,20 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
     tasks = [(meta.name, _task(manifest.shard_path(out, i), i, manifest, decode))
              for i, meta in enumerate(manifest.shards)]
     problems += isolated(tasks, cpu_count() if workers is None else workers)
-    totals = manifest.totals
-    for key in ("clips", "videos", "value_bytes"):
-        if sum(getattr(m, key) for m in manifest.shards) != getattr(totals, key):
-            problems.append(f"manifest: shard {key} counts do not add up to totals.{key}")
-    return problems, {"shards": len(manifest.shards), "clips": totals.clips, "videos": totals.videos}
+    problems += totals_problems(manifest, "manifest")
+    return problems, checked_counts(manifest)
+
+
+def totals_problems(manifest: Manifest, where: str) -> list[str]:
+    """The manifest's totals that its shards' counts do not add up to (``where`` names the manifest)."""
+    return [f"{where}: shard {key} counts do not add up to totals.{key}"
+            for key in ("clips", "videos", "value_bytes")
+            if sum(getattr(m, key) for m in manifest.shards) != getattr(manifest.totals, key)]
+
+
+def checked_counts(manifest: Manifest) -> dict:
+    """What ``verify`` reports it checked: shards, clips and videos."""
+    return {"shards": len(manifest.shards), "clips": manifest.totals.clips, "videos": manifest.totals.videos}
 
 
 def _task(path: str, index: int, manifest: Manifest, decode: bool) -> Callable[[], list[str]]:
@@ -185,4 +194,4 @@ def verify_store(store: ClipStore) -> dict:
     return {"shards": len(store.shard_paths), "clips": clips}
 
 
-__all__ = ["isolated", "verify", "verify_shard", "verify_store"]
+__all__ = ["checked_counts", "isolated", "totals_problems", "verify", "verify_shard", "verify_store"]
