@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, cast
 
 from . import forkserver
-from .stopsignals import stop_signals_blocked
+from .format.system import stop_signals_blocked
 
 
 class Stopped(Exception):

@@ -24,7 +24,7 @@ from .childproc import Stopped
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
-from .format.remote import RemoteError, is_url
+from .format.remote import Remote, RemoteError, check_url, is_url
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .sources import SourceError
@@ -79,7 +79,8 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shards", type=whole(1, MAX_SHARDS),
                    help="number of shards (default: 2 per worker, at most 1000 videos each); fixed at the first run")
     g.add_argument("--video-timeout", type=number(0, MAX_TIMEOUT, "of seconds", above=True), default=300.0,
-                   help="seconds one video may take before its decoder is killed and the video recorded (default 300)")
+                   help="seconds one video's decoding may take before its decoder is killed and the video recorded "
+                        "(default 300; the time the video takes outside its decoder is not counted)")
     g.add_argument("--retries", type=whole(0, MAX_RETRIES), default=1,
                    help="retries of a video whose decoder crashed or hung (default 1)")
     g.add_argument("--retry-failed", action="store_true",
@@ -284,7 +285,13 @@ def _convert(args: argparse.Namespace) -> int:
         if is_url(args.out):
             from .upload import staging_dir
 
+            check_url(args.out)  # before any work: "s3://" alone names no bucket
             target = staging_dir(args.out, args.staging)
+            try:
+                Remote(args.out).check_writable()  # a wrong bucket is found now, not after the conversion
+            except RemoteError as exc:
+                print(f"convert: error: {exc} (nothing was converted)", file=sys.stderr)
+                return 1
         elif args.staging:
             raise ValueError("--staging is for an OUT that is a URL")
         result = run_job(args.src, target, config, opts, videos=args.videos, split=args.split,
@@ -296,7 +303,9 @@ def _convert(args: argparse.Namespace) -> int:
             counts = upload_conversion(target, args.out, say=say if not args.json else lambda note: None)
             result = {**result, "staging": target, **counts}
     except RemoteError as exc:  # names the URL and the reason; the staging folder keeps the work done
-        print(f"convert: error: {exc} (rerun the same command to upload what is missing)", file=sys.stderr)
+        advice = ("rerun the same command to upload what is missing" if exc.transient else
+                  "the work done is kept: fix that, then rerun the same command")
+        print(f"convert: error: {exc} ({advice})", file=sys.stderr)
         return 1
     except Stopped as exc:
         # A child died of a stop signal sent to the whole process group, seen before the signal reached this

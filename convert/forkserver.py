@@ -41,7 +41,7 @@ import threading
 import traceback
 from typing import IO
 
-from .stopsignals import stop_signals_blocked, unblock_stop_signals
+from .format.system import stop_signals_blocked, unblock_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,10 @@ class ForkedProcess:
         # The supervisor and the job's stop (``childproc.stop_all``) may wait at once: one reads the
         # status and closes its pipe, the other must not read the closed (or reused) descriptor.
         self._lock = threading.Lock()
+        # Held while the pidfd is used or closed: kill() from one thread must not send to a descriptor
+        # that another thread's wait has closed (and that may name another process by then). Reentrant:
+        # the job's stop runs in a signal handler that may have interrupted a kill() in the main thread.
+        self._pidfd_lock = threading.RLock()
         _running.add(pid)
         try:
             # A pidfd names this very process even after its pid is reused: kill() never hits another one.
@@ -112,9 +116,10 @@ class ForkedProcess:
             self.returncode = 255
         os.close(self._status_fd)
         _running.discard(self.pid)
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        with self._pidfd_lock:
+            pidfd, self._pidfd = self._pidfd, None
+            if pidfd is not None:
+                os.close(pidfd)
         return self.returncode
 
     def poll(self) -> int | None:
@@ -127,13 +132,16 @@ class ForkedProcess:
         return rc
 
     def _signal(self, sig: int) -> None:
-        try:
-            if self._pidfd is not None:
-                signal.pidfd_send_signal(self._pidfd, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass  # already gone: its status is on the way
+        with self._pidfd_lock:
+            if self.returncode is not None:
+                return  # its status has come back (it was reaped): its pid may be another process's by now
+            try:
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                else:
+                    os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # already gone: its status is on the way
 
     def kill(self) -> None:
         if self.returncode is None:

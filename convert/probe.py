@@ -17,10 +17,10 @@ import signal
 import sys
 
 from .decode import VideoDecoder, VideoError
+from .format.system import unblock_stop_signals
 from .plan import ConvertConfig
 from .shard_worker import estimate_bytes, install_hook
 from .sources import VideoItem
-from .stopsignals import unblock_stop_signals
 
 
 def probe_video(item: VideoItem, config: ConvertConfig) -> int:

@@ -37,9 +37,9 @@ from .format import (
     shard_meta,
 )
 from .format.errors import storing
+from .format.system import unblock_stop_signals
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
-from .stopsignals import unblock_stop_signals
 
 log = logging.getLogger("convert.shard")
 MACHINE_EXIT = 3  # the store failed (full disk, I/O error): the job must stop, no video is to blame

@@ -234,6 +234,42 @@ def decoder_crash(rc: int | None, phase: int) -> bool:
 
 _STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
+# --video-timeout is the decoder's budget: the seconds a shard process may spend on a video outside its decoder
+# (reading the command, storing the clips) are counted apart, against this much (or the timeout, when longer),
+# so that a small timeout fails slow videos, never blames the store for the time a process takes to wake up.
+STORE_GRACE_S = 120.0
+_READ_SLICE_S = 0.25
+
+
+class VideoTimeout(TimeoutError):
+    """No answer for a video: its decoder used up ``--video-timeout`` (``phase`` DECODING), or the process spent
+    the store's grace outside its decoder (``phase`` the one it was in)."""
+
+    def __init__(self, phase: int) -> None:
+        super().__init__(phase)
+        self.phase = phase
+
+
+def read_video_answer(child: Any, timeout: float) -> dict | None:
+    """The shard process's answer for one video (``child.read``), timing its decoder alone against ``timeout``."""
+    decoding = other = 0.0
+    grace = max(STORE_GRACE_S, timeout)
+    while True:
+        start = time.monotonic()
+        try:
+            return child.read(min(_READ_SLICE_S, timeout))
+        except TimeoutError:
+            spent = time.monotonic() - start
+            phase = child.phase()
+            if phase == DECODING:
+                decoding += spent
+            else:
+                other += spent
+            if decoding >= timeout:
+                raise VideoTimeout(DECODING) from None
+            if other >= grace:
+                raise VideoTimeout(phase) from None
+
 
 def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
     """Convert every pending video of shard ``index`` (``n_items`` videos); returns the shard summary.
@@ -329,7 +365,7 @@ def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Se
         child.send({"op": "retry" if i in again else "video", "index": i})
         video = f"video number {i} of the shard's plan"
         try:
-            reply = checked(child, child.read(opts.video_timeout))
+            reply = checked(child, read_video_answer(child, opts.video_timeout))
             if reply is None:
                 rc = child.reap()
                 machine = machine_cause(out, rc)
@@ -347,15 +383,13 @@ def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Se
                                       f"not in its decoder: {child.failure(rc)}; nothing was recorded for it; "
                                       f"see {child.log_path}")
                 reasons[i] = describe_exit(rc)
-        except TimeoutError:
-            stuck = child.phase()
+        except VideoTimeout as timeout:
             child.kill()
-            if stuck != DECODING:
+            if timeout.phase != DECODING:
                 child.close()
-                raise ShardFailed(f"{shard_name(index)}: shard process gave no result within the "
-                                  f"{opts.video_timeout:g}s per-video timeout while storing {video} (not "
-                                  f"decoding it: the store hangs?); nothing was recorded for it; see "
-                                  f"{child.log_path}") from None
+                raise ShardFailed(f"{shard_name(index)}: shard process gave no result for {video} within "
+                                  f"{max(STORE_GRACE_S, opts.video_timeout):g}s outside its decoder (storing it: "
+                                  f"the store hangs?); nothing was recorded for it; see {child.log_path}") from None
             reply, reasons[i] = None, f"no result within the {opts.video_timeout:g}s per-video timeout (hang?)"
         if reply is not None:
             again.discard(i)

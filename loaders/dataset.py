@@ -151,7 +151,7 @@ class ClipDataset(Dataset):
         """Check every value's CRC and every shard's SHA-256 against the manifest; FormatError if not."""
         from convert.format.verify import verify_store
 
-        return verify_store(self.store)
+        return verify_store(self.store.shard_paths, self.store.manifest)
 
     def _resolve(self, item: Any) -> tuple[int, int]:
         if isinstance(item, (tuple, list)):

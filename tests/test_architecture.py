@@ -60,9 +60,10 @@ def _imports(module: str, path: str, *, run_time_only: bool) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    """Module -> the project modules it imports at any time it runs (functions' imports included)."""
+    """Module -> the project modules it imports: at any time it runs (functions' imports included) and for the
+    type checker (``if TYPE_CHECKING:``), so a cycle closed through a lazy or a type-only import is one too."""
     modules = _modules()
-    return {name: {d for d in _imports(name, path, run_time_only=True) if d in modules and d != name}
+    return {name: {d for d in _imports(name, path, run_time_only=False) if d in modules and d != name}
             for name, path in modules.items()}
 
 

@@ -287,3 +287,18 @@ def test_dask_cluster_gives_the_same_shards(synth_videos, tmp_path):
     b = json.loads((tmp_path / "dask" / "manifest.json").read_text())
     assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
     assert a["totals"] == b["totals"] and a["totals"]["videos"] == 20
+
+
+def test_a_tiny_video_timeout_fails_slow_videos_and_never_blames_the_store(synth_videos, tmp_path):
+    """--video-timeout is the decoder's budget: at 0.05 s the videos that decode slower are recorded as timed out
+    and the job ends (status 0), rather than stopping with "the store hangs" for the time a process took to wake
+    up; a rerun ends the same way."""
+    out = tmp_path / "tiny"
+    for _ in range(2):
+        r = run_cli(synth_videos, str(out), "--workers", "2", "--shards", "2", "--no-progress", "--video-timeout",
+                    "0.05", "--retries", "0")
+        assert r.returncode == 0, r.stderr
+        assert "store hangs" not in r.stderr
+    lines = (out / "report.jsonl").read_text().splitlines() if (out / "report.jsonl").exists() else []
+    reasons = [json.loads(line)["reason"] for line in lines]
+    assert all("per-video timeout" in reason or "clip" in reason for reason in reasons), reasons

@@ -3,23 +3,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from .conftest import ROOT
 from .test_convert_restart import _committed_videos, _shard_content
 
+INTERRUPTED = "convert: interrupted; rerun the same command to continue\n"
 ARGS = ("--workers", "2", "--shards", "3", "--no-progress", "--codec", "lz4")
 
 
+@contextlib.contextmanager
+def _sigint_taken() -> Iterator[None]:
+    """A process started within takes SIGINT as one started from a terminal does, however this test run was started.
+
+    A test run started as a background job of a non-interactive shell (``pytest ... &`` in a script) has
+    SIGINT ignored, and a child inherits that through exec; the job keeps a stop signal it was started
+    ignoring (``cli._stop_on_signals``), so a Ctrl-C did nothing and the job ran to its end: empty stderr,
+    status 0. A handler of this process's own becomes the default in the child instead.
+    """
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _start(src: str, out: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "convert", src, out, *ARGS], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with _sigint_taken():
+        return subprocess.Popen([sys.executable, "-m", "convert", src, out, *ARGS], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _session(sid: int) -> list[str]:
@@ -70,9 +93,7 @@ def test_a_stop_signal_is_one_line_and_a_rerun_completes_the_job(synth_videos, c
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail("the job did not stop within 60 s of the signal")
-    assert stderr == "convert: interrupted; rerun the same command to continue\n"
-    assert proc.returncode == 128 + sig
-    assert stdout == ""
+    assert (proc.returncode, stderr, stdout) == (128 + sig, INTERRUPTED, "")
     deadline = time.monotonic() + 10
     while _session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -86,3 +107,78 @@ def test_a_stop_signal_is_one_line_and_a_rerun_completes_the_job(synth_videos, c
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr
     assert _shard_content(out) == _shard_content(clean_run)
+
+
+def test_a_stop_signal_the_job_was_started_ignoring_stays_ignored():
+    """``nohup``, or a script's background job (its shell ignores SIGINT there): the job keeps ignoring it, as
+    every well-behaved program does, while SIGTERM still stops it in one line."""
+    from convert.cli import _interrupted, _stop_on_signals
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        replaced = _stop_on_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is _interrupted
+        assert set(replaced) == {signal.SIGTERM}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+# Runs ``python -m convert`` with the signal sent to itself as convert.cli starts importing: the window
+# between the interpreter's start and main's handler, deterministically.
+_SIGNAL_WHILE_IMPORTING = """
+import importlib.abc, os, runpy, signal, sys
+
+import convert  # the package's own start is before convert/__main__ runs, and not what is tested here
+
+
+SIG = int(sys.argv[1])
+
+
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "convert.cli":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), SIG)
+        return None
+
+
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = ["convert", "src", "out"]
+runpy.run_module("convert", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_while_the_command_starts_is_one_line(sig):
+    """Before main's handler is in place (importing the command line takes a good part of a second on a busy
+    machine): a Ctrl-C printed a KeyboardInterrupt traceback, a SIGTERM ended the job without a word."""
+    with _sigint_taken():
+        proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_WHILE_IMPORTING, str(int(sig))], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert (proc.returncode, stderr, stdout) == (128 + sig, INTERRUPTED, "")
+
+
+def test_no_signal_goes_to_a_forked_process_whose_status_has_come_back(monkeypatch):
+    """The job's stop kills every child from the signal handler while their supervisors reap them: a kill
+    that loses that race must send nothing, since the pid, and the number of its closed pidfd, may name
+    another process by then (it read the pidfd unlocked, and could also get None and raise TypeError)."""
+    from convert import forkserver
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    status_r, status_w = os.pipe()
+    with open(os.devnull, "wb") as stdin, open(os.devnull, "rb") as stdout:
+        proc = forkserver.ForkedProcess(child.pid, stdin, stdout, status_r, ["child"])
+        child.communicate()  # it ends and is reaped, as the fork server reaps its children
+        os.write(status_w, forkserver._STATUS.pack(0))
+        os.close(status_w)
+        sent = []
+        monkeypatch.setattr(os, "kill", lambda *a: sent.append(a))
+        monkeypatch.setattr(signal, "pidfd_send_signal", lambda *a: sent.append(a), raising=False)
+        assert proc.wait(timeout=10) == 0
+        proc._signal(signal.SIGKILL)  # what a kill() that checked the status just before it came back does
+        proc.kill()
+    assert sent == []

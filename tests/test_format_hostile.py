@@ -371,3 +371,47 @@ def test_the_device_check_without_a_gpu_says_so_and_fails_unless_smoke_is_asked_
     assert got.returncode == 2
     assert got.stderr.strip() == "device_check: error: no CUDA device here; pass --smoke for the small CPU run"
     assert not (tmp_path / "w").exists()  # nothing built or written
+
+
+_SLOW_VERIFY = """
+import sys, time
+import convert.format.verify as v
+real = v.verify_shard
+def slow(*a, **k):
+    time.sleep(60)
+    return real(*a, **k)
+v.verify_shard = slow
+from convert.tools import main
+sys.exit(main(["verify", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("sig, to_group", [(2, True), (15, False)], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_during_verify_is_one_line_and_no_checker_is_left(raw_root, sig, to_group):  # noqa: F811
+    """Ctrl-C reaches verify's checkers too (its process group): they ignore it, verify stops them and says so in
+    one line, 128 + the signal."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_VERIFY, raw_root], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        with open(children) as fh:
+            if fh.read().split():
+                break
+        time.sleep(0.05)
+    time.sleep(0.3)  # the checkers are past their start
+    (os.killpg if to_group else os.kill)(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("verify did not stop within 30 s of the signal")
+    assert err == "verify: interrupted; nothing was changed (run verify again)\n" and out == ""
+    assert proc.returncode == 128 + sig
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of its group is left

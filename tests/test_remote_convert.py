@@ -80,4 +80,16 @@ def test_convert_to_an_unreachable_url_is_one_line(synth_videos, tmp_path):
     assert got.returncode == 1
     lines = got.stderr.strip().splitlines()
     assert lines[-1].startswith("convert: error: s3://nowhere/out") and "unreachable" in lines[-1], got.stderr
-    assert os.path.exists(str(tmp_path / "s" / "manifest.json"))  # the job's work stays for the rerun
+    # Found before converting (a write check), not after the whole job.
+    assert len(lines) == 1 and lines[0].endswith("(nothing was converted)"), got.stderr
+    assert not os.path.exists(str(tmp_path / "s" / "manifest.json"))
+
+
+def test_convert_to_a_missing_bucket_is_one_line_before_converting(s3_server, synth_videos, tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    got = subprocess.run([sys.executable, "-m", "convert", synth_videos, "s3://no-such-bucket-here/out",
+                          "--staging", str(tmp_path / "s"), *ARGS], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 1 and got.stderr.count("\n") == 1, got.stderr
+    assert "no such bucket" in got.stderr and "(nothing was converted)" in got.stderr, got.stderr
+    assert not os.path.exists(str(tmp_path / "s" / "manifest.json"))

@@ -10,14 +10,16 @@ from __future__ import annotations
 from .base import Backend
 from .errors import FormatError
 from .lmdb import LmdbOptions, LmdbReader, LmdbWriter
+from .lmdb.common import FILES as LMDB_FILES
 from .tfrecord import TFRecordOptions, TFRecordReader, TFRecordWriter
+from .tfrecord.reader import FILES as TFRECORD_FILES
 
 BACKENDS: dict[str, Backend] = {
     "lmdb": Backend(name="lmdb", summary="one LMDB environment per shard, one key per clip", writer=LmdbWriter,
-                    reader=LmdbReader, options=LmdbOptions),
+                    reader=LmdbReader, options=LmdbOptions, files=LMDB_FILES),
     "tfrecord": Backend(name="tfrecord", summary="tf.train.Example records with DALI index files, read natively "
                         "by DALI", writer=TFRecordWriter, reader=TFRecordReader, options=TFRecordOptions,
-                        manifest_extras=("files",)),
+                        files=TFRECORD_FILES, manifest_extras=("files",)),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import numpy as np
 
 from .codecs import Codec, get_codec
 from .errors import FormatError
-from .layout import ClipHeader, pack_header
+from .layout import ClipHeader, pack_header, plain_name
 from .manifest import DATA_KEYS
 from .records import VideoRecord
 
@@ -257,15 +258,64 @@ def changed_error(path: str) -> FormatError:
                        f"running again, or copied over?); open the conversion again once that is done")
 
 
+ShardIndex = tuple[dict | None, list[VideoRecord], list[str] | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardFiles:
+    """The files of a finished shard folder, as its backend declares them: patterns matched against whole names.
+
+    Every file of a shard lies directly in its folder. ``data``: the files a
+    reader needs (what is uploaded, downloaded and counted; any other file in
+    the folder, or object under its prefix, is not the shard's and is
+    ignored); ``index``: those of them a reader indexes the shard from
+    (metadata, video records, storage order) without its bulk, read by
+    ``indexer`` (empty: indexing needs the whole shard); ``scratch``: files a
+    writer or reader leaves in the folder that are not the shard (never
+    uploaded).
+    """
+
+    data: tuple[str, ...]
+    index: tuple[str, ...] = ()
+    scratch: tuple[str, ...] = ()
+    indexer: Callable[[str], ShardIndex] | None = None
+
+    def __post_init__(self) -> None:
+        for pattern in (*self.data, *self.index, *self.scratch):
+            re.compile(pattern)
+        if bool(self.index) != (self.indexer is not None):
+            raise ValueError("ShardFiles: index patterns and an indexer go together")
+
+    def is_data(self, name: str) -> bool:
+        """Whether ``name`` (a name inside the shard folder) is one of the shard's files."""
+        return _matches(self.data, name)
+
+    def is_index(self, name: str) -> bool:
+        """Whether ``name`` is one of the small files the shard is indexed from."""
+        return _matches(self.index, name) and self.is_data(name)
+
+
+def _matches(patterns: tuple[str, ...], name: str) -> bool:
+    """Whether ``name`` is a plain file name (``plain_name``) matched in full by one of ``patterns``: a name from a
+    bucket's listing that is not plain is no file of any shard, whatever a backend's patterns say."""
+    try:
+        plain_name(name, "file", "")
+    except FormatError:
+        return False
+    return any(re.fullmatch(p, name) for p in patterns)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Backend:
-    """A storage backend: its writer, its reader, its options and the summary fields its manifest entries add."""
+    """A storage backend: its writer, its reader, its options, its files and the summary fields its manifest
+    entries add."""
 
     name: str
     summary: str  # what its shards are, in a few words (the command line's help)
     writer: type[ShardWriter]
     reader: type[ShardReader]
     options: type  # a frozen dataclass whose fields are declared with option()
+    files: ShardFiles
     manifest_extras: tuple[str, ...] = ()
 
     def make_options(self, values: dict[str, Any] | None = None) -> Any:
@@ -276,5 +326,5 @@ class Backend:
             raise ValueError(f"{self.name} options: {exc}") from None
 
 
-__all__ = ["SUMMARY_KEYS", "Backend", "ClipProducer", "ShardReader", "ShardWriter", "Visitor", "headers_checksum",
-           "option"]
+__all__ = ["SUMMARY_KEYS", "Backend", "ClipProducer", "ShardFiles", "ShardIndex", "ShardReader", "ShardWriter",
+           "Visitor", "headers_checksum", "option"]

@@ -44,13 +44,14 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from .errors import FormatError, ShardMissing
-from .layout import MANIFEST, PLAN
+from .backends import get_backend
+from .errors import FormatError, ShardMissing, device_room, machine_cause
+from .layout import MANIFEST, MAX_JSON_BYTES, PLAN, SHARD_DIR, inside
 from .manifest import Manifest, check_plan
 from .records import VideoRecord, sort_records
-from .remote import ATTEMPTS, BACKOFF_S, Remote, RemoteError
+from .remote import ATTEMPTS, BACKOFF_S, Remote, RemoteError, check_url, read_remote_json
 from .system import cpu_count
 
 # The default limit: this fraction of the cache disk's free space (plus what the cache already holds), so that
@@ -61,8 +62,7 @@ LOCK_DIR = ".locks"
 RESERVE_DIR = ".reserve"
 WANTED_DIR = ".wanted"
 DOWNLOAD_LOG = "downloads.log"
-# Files of a shard folder a reader never needs (LMDB readers open without a lock file).
-_SKIP = ("lock.mdb",)
+GENERATION = "generation"  # the checksum of the manifest whose shards the mirror holds
 
 
 def default_cache_dir() -> str:
@@ -73,6 +73,31 @@ def default_cache_dir() -> str:
 
 class CacheFullError(RemoteError):
     """The cache cannot take a shard: its limit is held by shards in use, or its disk is full."""
+
+
+class CacheDiskError(RemoteError):
+    """The cache folder cannot be used: its disk is full (of bytes or of files), read-only, failing, or another
+    user's. A problem of the machine, named with the folder and the real cause."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _cache_disk(method: F) -> F:
+    """A failure of the cache's own disk inside ``method`` is one ``CacheDiskError`` naming the cache folder and the
+    cause (``machine_cause``), never a bare OSError; errors of the URL and of the data pass as they are."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (RemoteError, FormatError):
+            raise
+        except OSError as exc:
+            folder = str(getattr(self, "dir", None) or getattr(self, "_base", ""))
+            raise CacheDiskError(f"the shard cache {folder}: {machine_cause(exc, folder)}") from exc
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -110,6 +135,23 @@ class CacheSettings:
                 raise ValueError(f"cache {name} must be a number >= 0, got {value!r}")
         if not isinstance(self.storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
+
+
+def _mirrors_bytes(base: str, *, skip: str) -> int:
+    """Bytes of the shards held by the mirrors under cache root ``base`` but ``skip`` (files under their shard
+    folders; temporary ones included, as they take room too)."""
+    total = 0
+    try:
+        mirrors = [e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.path != skip
+                   and os.path.exists(os.path.join(e.path, GENERATION))]
+    except FileNotFoundError:
+        return 0
+    for mirror in mirrors:
+        for dirpath, _, names in os.walk(os.path.join(mirror, SHARD_DIR)):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _open_lock(path: str) -> int:
@@ -166,35 +208,36 @@ class ShardSummary:
 class ShardCache:
     """The local mirror of the conversion at ``url`` (see the module docstring); picklable."""
 
+    @_cache_disk
     def __init__(self, url: str, settings: CacheSettings | None = None) -> None:
         self.settings = settings = settings or CacheSettings()
-        self.url = url.rstrip("/")
+        self.url = check_url(url)
         self.remote = Remote(self.url, storage_options=settings.storage_options, attempts=settings.attempts,
                              backoff=settings.backoff)
-        base = os.path.abspath(settings.cache_dir or default_cache_dir())
+        self._base = base = os.path.abspath(settings.cache_dir or default_cache_dir())
         tail = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.url.split("://", 1)[-1])[-40:]
         self.dir = os.path.join(base, f"{hashlib.sha256(self.url.encode()).hexdigest()[:16]}-{tail}")
-        try:
-            for sub in (LOCK_DIR, INDEX_DIR, RESERVE_DIR, WANTED_DIR):
-                os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        except OSError as exc:
-            raise CacheFullError(f"{self.url}: cannot make the cache folder {self.dir}: {exc.strerror}") from exc
-        raw = self.remote.read_bytes(MANIFEST)
-        try:
-            parsed = json.loads(raw)
-        except ValueError as exc:
-            raise FormatError(f"{self.remote.join(MANIFEST)}: not valid JSON: {exc}") from exc
+        for sub in (LOCK_DIR, INDEX_DIR, RESERVE_DIR, WANTED_DIR):
+            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        raw, parsed = read_remote_json(self.remote, MANIFEST, "manifest")
         self.manifest = Manifest.from_dict(parsed, self.remote.join(MANIFEST))
+        # The manifest's checksum ties the cached shards to the conversion they were verified against: a reader
+        # finds out when another process of the node mirrors another conversion at the URL (``_same_conversion``).
+        self.generation = hashlib.sha256(raw).hexdigest()
         with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
             self._mirror_metadata(raw)
+            self._sweep()
         self.files = self._list_shards()
         self.sizes = [sum(f.values()) for f in self.files]
         self.limit = settings.limit if settings.limit is not None else self._default_limit()
         need = max(self.sizes, default=0) * (1 + settings.prefetch)
         if self.limit < need:
+            room = shutil.disk_usage(self.dir).free + self.held_bytes()
+            advice = (f"raise --cache-limit to {need} or more" if room >= need else
+                      f"its disk can give only {room} bytes: give --cache-dir on a larger disk, or free this one")
             raise CacheFullError(f"{self.url}: cache limit {self.limit} bytes is smaller than the largest shard "
                                  f"({max(self.sizes)} bytes) times {1 + settings.prefetch} (one read, "
-                                 f"{settings.prefetch} prefetched): raise --cache-limit to {need} or more")
+                                 f"{settings.prefetch} prefetched): {advice}")
         self.fetched = 0  # shards this process downloaded
         self.fetched_bytes = 0
         self._io_lock = threading.Lock()
@@ -217,13 +260,64 @@ class ShardCache:
                     shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
             os.makedirs(os.path.join(self.dir, INDEX_DIR), exist_ok=True)
         try:
-            plan = self.remote.read_bytes(PLAN)
+            plan = self.remote.read_bytes(PLAN, limit=MAX_JSON_BYTES)  # a longer one is refused when checked
         except ShardMissing:
             plan = None  # plan.json is optional (FORMAT.md)
         if plan is not None:
             self._write_atomic(os.path.join(self.dir, PLAN), plan)
         if old != raw:
             self._write_atomic(path, raw)
+        if self._mirrored() != self.generation:
+            self._write_atomic(os.path.join(self.dir, GENERATION), self.generation.encode())
+
+    def _mirrored(self) -> str | None:
+        """The checksum of the manifest the mirror holds shards of now (None before the first)."""
+        try:
+            with open(os.path.join(self.dir, GENERATION)) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+
+    def _same_conversion(self, index: int) -> None:
+        """FormatError when the mirror now holds another conversion than the one this reader opened (another
+        process opened the URL after it was overwritten): its shards are not this reader's to read or add to."""
+        if self._mirrored() != self.generation:
+            raise FormatError(f"{self.shard_url(index)}: the conversion at {self.url} changed since this reader "
+                              f"opened it (another process of the node opened the new one through the cache "
+                              f"{self.dir}); open it again")
+
+    def _sweep(self) -> None:
+        """Remove what killed processes left (under the cache lock, at open): a download's or an eviction's folder
+        of a shard whose lock nobody holds, an indexing's folder whose process is gone. None of it is counted
+        against the limit, so it must not stay."""
+        for index, entry in enumerate(self.manifest.shards):
+            parent = os.path.dirname(self.local_path(index))
+            try:
+                names = [n for n in os.listdir(parent) if n.startswith((f".tmp-{entry.name}-",
+                                                                         f".evict-{entry.name}-"))]
+            except FileNotFoundError:
+                continue
+            if not names:
+                continue
+            fd = _try_exclusive(self._lock_path(index))
+            if fd is None:
+                continue  # being downloaded or evicted right now
+            try:
+                for name in names:
+                    shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            finally:
+                os.close(fd)
+        index_dir = os.path.join(self.dir, INDEX_DIR)
+        for name in os.listdir(index_dir):
+            if not name.startswith(".tmp-"):
+                continue
+            try:
+                pid = int(name.rsplit("-", 2)[1])
+                os.kill(pid, 0)
+            except (ValueError, IndexError, ProcessLookupError):
+                shutil.rmtree(os.path.join(index_dir, name), ignore_errors=True)
+            except PermissionError:
+                pass  # alive, another user's
 
     @staticmethod
     def _write_atomic(path: str, data: bytes) -> None:
@@ -240,10 +334,14 @@ class ShardCache:
             for rel, size in self.remote.files(parent).items():
                 listed[f"{parent}/{rel}" if parent else rel] = size
         out = []
+        files = get_backend(self.manifest.data.backend).files
         for s in self.manifest.shards:
-            prefix = s.path.rstrip("/") + "/"
+            prefix = s.path + "/"
+            # Only the files the backend declares: any other object under the prefix (a stale part, a killed
+            # upload's temporary, a key with '..' planted by whoever can write the bucket) is neither
+            # downloaded nor counted.
             mine = {k[len(prefix):]: v for k, v in listed.items()
-                    if k.startswith(prefix) and os.path.basename(k) not in _SKIP}
+                    if k.startswith(prefix) and files.is_data(k[len(prefix):])}
             if not mine:
                 raise ShardMissing(f"{self.remote.join(s.path)}: the manifest names shard {s.name}, no object "
                                    f"is there")
@@ -251,8 +349,12 @@ class ShardCache:
         return out
 
     def _default_limit(self) -> int:
+        """DEFAULT_FRACTION of what the cache root's disk can give every mirror under it (its free space plus what
+        they hold), less what the other mirrors hold: two URLs cached side by side never overcommit the disk."""
         held = sum(self.sizes[i] for i in range(len(self.sizes)) if self.present(i))
-        return int(shutil.disk_usage(self.dir).free * DEFAULT_FRACTION) + held
+        others = _mirrors_bytes(self._base, skip=self.dir)
+        budget = int((shutil.disk_usage(self.dir).free + held + others) * DEFAULT_FRACTION)
+        return max(0, budget - others)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -284,6 +386,7 @@ class ShardCache:
         return sum(self.sizes[i] for i in range(len(self.sizes)) if self.present(i))
 
     # -- holding and fetching ---------------------------------------------------
+    @_cache_disk
     def acquire(self, index: int, *, before_wait: Callable[[], None] | None = None) -> Hold:
         """Shard ``index`` in the cache (fetched now unless there) and held against eviction.
 
@@ -295,11 +398,17 @@ class ShardCache:
             fd = _open_lock(lock)
             fcntl.flock(fd, fcntl.LOCK_SH)
             if self.present(index):
+                try:
+                    self._same_conversion(index)
+                except FormatError:
+                    os.close(fd)
+                    raise
                 os.utime(lock)  # its last use, for the LRU order
                 return Hold(fd)
             os.close(fd)
             self.fetch(index, wait=True, before_wait=before_wait)
 
+    @_cache_disk
     def fetch(self, index: int, *, wait: bool = True, before_wait: Callable[[], None] | None = None,
               on_reserved: Callable[[], None] | None = None) -> bool:
         """Download and verify shard ``index`` unless it is there; False when ``wait=False`` and there is no room.
@@ -316,7 +425,7 @@ class ShardCache:
                     on_reserved()
                 return True
             entry = self.manifest.shards[index]
-            final = self.local_path(index)
+            final = inside(self.dir, entry.path, self.shard_url(index))
             parent = os.path.dirname(final)
             os.makedirs(parent, exist_ok=True)
             for name in os.listdir(parent):  # a download that died: ours to remove (we hold its lock)
@@ -331,15 +440,17 @@ class ShardCache:
                 self._download(index, tmp)
                 summary = self._verify(index, tmp)
                 self._check_indexed(index, summary)
-                os.rename(tmp, final)
+                with _flock(os.path.join(self.dir, ".cache.lock"), fcntl.LOCK_EX):
+                    self._same_conversion(index)  # never a shard of the old conversion into a new one's mirror
+                    os.rename(tmp, final)
                 os.utime(self._lock_path(index))  # just arrived: the most recently used, for the LRU order
             except OSError as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    free = shutil.disk_usage(self.dir).free
                     raise CacheFullError(f"{self.shard_url(index)}: no space left in the cache {self.dir} "
-                                         f"({free} bytes free, the shard needs {self.sizes[index]}): free the "
-                                         f"disk or lower --cache-limit") from exc
+                                         f"({exc.strerror}: the device has {device_room(self.dir)}, the shard "
+                                         f"needs {self.sizes[index]} bytes): free the disk or lower "
+                                         f"--cache-limit") from exc
                 raise
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -358,9 +469,9 @@ class ShardCache:
     def _download(self, index: int, tmp: str) -> None:
         entry = self.manifest.shards[index]
         expected = {f["path"]: f["bytes"] for f in entry.extras.get("files", []) if isinstance(f, dict)}
+        os.makedirs(tmp, exist_ok=True)
         for rel, size in sorted(self.files[index].items()):
-            local = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(local), exist_ok=True)
+            local = inside(tmp, rel, self.remote.join(f"{entry.path}/{rel}"))
             want = expected.get(rel, size)
             if want != size:
                 raise FormatError(f"{self.remote.join(f'{entry.path}/{rel}')}: {size} bytes, the manifest says "
@@ -373,7 +484,6 @@ class ShardCache:
 
     def _verify(self, index: int, tmp: str) -> ShardSummary:
         """The downloaded shard checked as ``verify`` checks it; FormatError naming its URL at the first problem."""
-        from .backends import get_backend
         from .verify import verify_shard
 
         problems = verify_shard(tmp, index, self.manifest, decode=False)
@@ -480,6 +590,7 @@ class ShardCache:
         folder = os.path.join(self.dir, WANTED_DIR)
         return os.path.join(folder, f"{tag}.lock"), os.path.join(folder, f"{tag}.json")
 
+    @_cache_disk
     def want(self, shards: Collection[int]) -> None:
         """Declare the shards this reader reads now or next, for every process of the node.
 
@@ -503,6 +614,7 @@ class ShardCache:
                 os.close(fd)
         self._write_atomic(data, json.dumps(sorted({int(s) for s in shards})).encode())
 
+    @_cache_disk
     def unwant(self) -> None:
         """End this reader's declaration (``want``)."""
         fd, self._wanted_fd = self._wanted_fd, None
@@ -513,6 +625,7 @@ class ShardCache:
                 os.unlink(path)
         os.close(fd)
 
+    @_cache_disk
     def wanted(self) -> set[int]:
         """The shards some live process of the node wants (``want``); declarations of ended processes are removed."""
         folder = os.path.join(self.dir, WANTED_DIR)
@@ -545,19 +658,20 @@ class ShardCache:
         self._write_atomic(self._summary_path(index), json.dumps(data).encode())
 
     def _index_from_small_files(self, index: int) -> bool:
-        """Index a TFRecord shard from its metadata and part commits alone (kilobytes, not the record files)."""
-        if self.manifest.data.backend != "tfrecord":
-            return False  # an LMDB shard's records are inside its one data file: indexed when it arrives
-        from .tfrecord.reader import META_FILE, shard_index
-
+        """Index a shard from the small files its backend indexes it from (kilobytes, not the bulk); False when the
+        backend has none (its records lie inside its data: indexed when the shard arrives)."""
+        files = get_backend(self.manifest.data.backend).files
+        if files.indexer is None:
+            return False
         entry = self.manifest.shards[index]
-        small = sorted(rel for rel in self.files[index] if rel == META_FILE or rel.endswith(".json"))
+        small = sorted(rel for rel in self.files[index] if files.is_index(rel))
         tmp = os.path.join(self.dir, INDEX_DIR, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
         os.makedirs(tmp, exist_ok=True)
         try:
             for rel in small:
-                self.remote.download(f"{entry.path}/{rel}", os.path.join(tmp, rel), self.files[index][rel])
-            meta, records, order = shard_index(tmp)
+                local = inside(tmp, rel, self.remote.join(f"{entry.path}/{rel}"))
+                self.remote.download(f"{entry.path}/{rel}", local, self.files[index][rel])
+            meta, records, order = files.indexer(tmp)
         except FormatError as exc:
             raise FormatError(str(exc).replace(tmp, self.shard_url(index))) from exc
         finally:
@@ -581,6 +695,7 @@ class ShardCache:
                 os.unlink(path)
             return None
 
+    @_cache_disk
     def summary(self, index: int) -> ShardSummary:
         """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
         path = self._summary_path(index)
@@ -590,8 +705,6 @@ class ShardCache:
         if found is not None:
             return found
         # The entry was damaged: the shard itself (fetched if need be) says it again.
-        from .backends import get_backend
-
         hold = self.acquire(index)
         try:
             reader = get_backend(self.manifest.data.backend).reader(self.local_path(index))
@@ -603,6 +716,7 @@ class ShardCache:
         self._save_summary(index, s)
         return s
 
+    @_cache_disk
     def downloads(self) -> list[str]:
         """Names of the shards downloaded into this cache so far, by every process, in order."""
         try:
@@ -740,5 +854,5 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
     return problems, checked_counts(manifest)
 
 
-__all__ = ["DEFAULT_FRACTION", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache", "ShardSummary",
-           "default_cache_dir", "verify_url"]
+__all__ = ["DEFAULT_FRACTION", "CacheDiskError", "CacheFullError", "CacheSettings", "Hold", "Prefetcher", "ShardCache",
+           "ShardSummary", "default_cache_dir", "verify_url"]

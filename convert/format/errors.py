@@ -42,11 +42,11 @@ def store_error(exc: OSError, what: str, path: str) -> StoreError:
     """The machine error for ``exc`` raised while ``what`` (e.g. "writing shard") ``path``: one line naming both."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StoreFullError(exc.errno, f"no space left for {path}: {what} failed ({exc.strerror}); "
-                                         f"the device has {_free(os.path.dirname(path) or '.')}")
+                                         f"the device has {device_room(os.path.dirname(path) or '.')}")
     return StoreError(exc.errno, f"{what} {path} failed: {exc.strerror or exc}")
 
 
-def _free(folder: str) -> str:
+def device_room(folder: str) -> str:
     """What the device of ``folder`` has left, as the message of a full device says it.
 
     A device can be full of files rather than bytes (every inode used, as on a
@@ -60,6 +60,35 @@ def _free(folder: str) -> str:
     if st.f_files and not st.f_favail:
         return f"no free inodes (no room for another file) and {free}"
     return free
+
+
+def machine_cause(exc: OSError, folder: str) -> str:
+    """What ``exc``, raised while using ``folder``, says of the machine, in words for a one-line message.
+
+    A full device says whether bytes or inodes ran out; a read-only file
+    system, a folder of another user and a failing disk each say so, with
+    what to do, rather than the bare ``[Errno N]``.
+    """
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left ({exc.strerror}): the device has {device_room(folder)}"
+    if code == errno.EROFS:
+        return "its file system is read-only (remounted after an error?); give a writable folder"
+    if code in (errno.EACCES, errno.EPERM):
+        where = str(exc.filename or folder)
+        owner = "not writable"
+        probe = where
+        while probe and probe != os.path.dirname(probe):  # the nearest folder this process can see
+            try:
+                owner = f"{probe} is owned by uid {os.stat(probe).st_uid}"
+                break
+            except OSError:
+                probe = os.path.dirname(probe)
+        return (f"permission denied on {where} ({owner}; this process runs as uid {os.getuid()}): give a folder "
+                f"of this user's")
+    if code == errno.EIO:
+        return f"I/O error on {exc.filename or folder} (a failing disk?)"
+    return f"{exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}"
 
 
 @contextlib.contextmanager
@@ -93,5 +122,5 @@ def make_folder(path: str) -> None:
         raise store_error(exc, "creating", path) from None
 
 
-__all__ = ["FormatError", "ShardDamaged", "ShardMissing", "StoreError", "StoreFullError", "make_folder", "store_error",
-           "storing"]
+__all__ = ["FormatError", "ShardDamaged", "ShardMissing", "StoreError", "StoreFullError", "device_room",
+           "machine_cause", "make_folder", "store_error", "storing"]

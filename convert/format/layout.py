@@ -77,10 +77,19 @@ def read_json_file(path: str, what: str, *, limit: int = MAX_JSON_BYTES) -> Any:
         raise FormatError(f"{path}: reading the {what} failed: {exc.strerror}") from None
     finally:
         os.close(fd)
+    return parse_json(raw, path, what, limit=limit)
+
+
+def parse_json(raw: bytes, where: str, what: str, *, limit: int = MAX_JSON_BYTES) -> Any:
+    """The parsed JSON of metadata file ``raw`` read from ``where`` (a path or a URL), read as at most ``limit + 1``
+    bytes; FormatError naming ``where`` when it is longer than ``limit`` or no valid JSON (a deeply nested array
+    included: a RecursionError is caught, never a traceback)."""
+    if len(raw) > limit:
+        raise FormatError(f"{where}: the {what} is more than the {limit} bytes a {what} may have")
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise FormatError(f"{path}: the {what} is not valid JSON: {type(exc).__name__}: {exc}") from None
+        raise FormatError(f"{where}: the {what} is not valid JSON: {type(exc).__name__}: {exc}") from None
 
 
 def write_json_atomic(path: str, obj: Any, *, sync: bool = True, **dump: Any) -> None:
@@ -101,6 +110,75 @@ def write_json_atomic(path: str, obj: Any, *, sync: bool = True, **dump: Any) ->
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
+
+
+# A name that becomes part of a local path (a shard's name, each segment of its path, each file of a shard):
+# at most this many UTF-8 bytes, so that the cache's own names built from it (".tmp-<name>-<pid>-<thread>.json")
+# stay under the 255 bytes file systems allow.
+MAX_NAME_BYTES = 160
+
+
+def plain_name(value: object, what: str, where: str) -> str:
+    """``value`` when it is a plain file name: FormatError naming ``where`` and ``what`` otherwise.
+
+    Plain: a non-empty string of at most MAX_NAME_BYTES UTF-8 bytes, with no
+    ``/``, ``\\``, NUL or other control character, not starting with ``.``
+    (so never ``.`` or ``..``, and never a hidden name: readers and the
+    cache keep their own files under such names). A manifest read from a
+    bucket is written by strangers: every name in it that ends up in a
+    local path passes here first, so none can choose a path outside its
+    folder.
+    """
+    if not isinstance(value, str) or not value:
+        raise FormatError(f"{where}: {what} {_quoted(value)} is not a file name")
+    bad = next((c for c in value if c in "/\\" or ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise FormatError(f"{where}: {what} {_quoted(value)} holds {bad!r}; a file name may not")
+    if value.startswith("."):
+        raise FormatError(f"{where}: {what} {_quoted(value)} starts with '.'; a file name here may not")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise FormatError(f"{where}: {what} {_quoted(value)} is not valid UTF-8") from None
+    if size > MAX_NAME_BYTES:
+        raise FormatError(f"{where}: {what} {_quoted(value)} is {size} bytes long, more than {MAX_NAME_BYTES}")
+    return value
+
+
+def relative_path(value: object, what: str, where: str) -> str:
+    """``value`` when it is a relative path of plain names (``plain_name``) joined by ``/``; FormatError otherwise.
+
+    So never absolute, never with ``..``, ``.`` or an empty segment (``//``),
+    never with a backslash: it names a place inside its folder on every system.
+    """
+    if not isinstance(value, str) or not value:
+        raise FormatError(f"{where}: {what} {_quoted(value)} is not a relative path")
+    for part in value.split("/"):
+        if not part:
+            raise FormatError(f"{where}: {what} {_quoted(value)} is absolute or has an empty segment")
+        plain_name(part, f"{what} {_quoted(value)}: segment", where)
+    return value
+
+
+def inside(folder: str, rel: str, where: str) -> str:
+    """``folder``/``rel``, checked to lie inside ``folder`` once links are resolved; FormatError naming ``where``.
+
+    The last line of defence under ``relative_path``: a local path built from
+    anything a stranger wrote is resolved and compared before it is written.
+    """
+    path = os.path.join(folder, rel)
+    base = os.path.realpath(folder)
+    if os.path.commonpath([base, os.path.realpath(path)]) != base or os.path.realpath(path) == base:
+        raise FormatError(f"{where}: {_quoted(rel)} would lie outside {folder}")
+    return path
+
+
+def _quoted(value: object) -> str:
+    """``value`` in a one-line message: a string escaped and cut to 60 characters, anything else by its type."""
+    if not isinstance(value, str):
+        return f"of type {type(value).__name__}"
+    text = ascii(value) if len(value) <= 60 else ascii(value[:57] + "...")
+    return text
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import FormatError
-from .layout import FORMAT_NAME, FORMAT_VERSION, MANIFEST, PLAN, READABLE_VERSIONS, read_json_file
+from .layout import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    PLAN,
+    READABLE_VERSIONS,
+    SHARD_DIR,
+    plain_name,
+    read_json_file,
+    relative_path,
+)
 
 # Version 1 manifests name their codec only; these were its ids.
 _V1_CODEC_IDS = {"raw": 0, "lz4": 1, "jpeg": 2}
@@ -163,6 +173,20 @@ class DataSpec:
 DATA_KEYS = tuple(f.name for f in fields(DataSpec))
 
 
+def _check_files(value: Any, where: str) -> None:
+    """A shard's ``files`` list (TFRecord: its record and index files): objects whose names are plain file names."""
+    if not isinstance(value, list):
+        raise FormatError(f"{where} is {_short(value)}, expected a list")
+    for k, f in enumerate(value):
+        w = f"{where}[{k}]"
+        if not isinstance(f, dict):
+            raise FormatError(f"{w} is {_short(f)}, expected an object")
+        plain_name(_get(f, "path", str, w), "path", w)
+        if "index" in f:
+            plain_name(_get(f, "index", str, w), "index", w)
+        _count(f, "bytes", w)
+
+
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard as the manifest lists it; ``extras`` are the fields its backend adds (TFRecord: ``files``)."""
@@ -185,16 +209,36 @@ class ShardEntry:
         w = f"{where}: shards[{position}]"
         if not isinstance(d, dict):
             raise FormatError(f"{w} is {_short(d)}, expected an object")
+        # The name and the path become local paths (a cache's lock and index files, a mirror's folders):
+        # plain names only, under shards/, or the manifest is refused (a bucket's manifest is a stranger's).
+        name = plain_name(_get(d, "name", str, w), "name", w)
         path = _get(d, "path", str, w)
-        if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
-            raise FormatError(f"{w}: path {path!r} leaves the conversion folder")
+        if path.split("/")[0] != SHARD_DIR or path.count("/") < 1:
+            raise FormatError(f"{w}: path {_short(path)} leaves the conversion folder's {SHARD_DIR}/")
+        relative_path(path, "path", w)
+        if "files" in d:
+            _check_files(d["files"], f"{w}: files")
         # Version 1 has no index. A reordered list is caught against the shards' own metadata, which says
         # where each shard belongs (check_shard_meta), so the index is read, not judged, here.
         index = _get(d, "index", int, w, present=version >= 2, default=position)
         known = {f.name for f in fields(cls)} - {"extras"}
-        return cls(name=_get(d, "name", str, w), path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
+        return cls(name=name, path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
                    clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),  # type: ignore[arg-type]
                    sha256=_get(d, "sha256", str, w), extras={k: v for k, v in d.items() if k not in known})
+
+
+def _check_distinct(shards: tuple[ShardEntry, ...], where: str) -> None:
+    """Two shards never share a name or a folder, nor lies one's folder inside another's (they would share
+    files, and a cache the lock and index files named after them)."""
+    names: set[str] = set()
+    for k, s in enumerate(shards):
+        if s.name in names:
+            raise FormatError(f"{where}: shards[{k}]: name {_short(s.name)} is another shard's too")
+        names.add(s.name)
+    paths = sorted(s.path + "/" for s in shards)
+    for a, b in zip(paths, paths[1:]):
+        if b.startswith(a):
+            raise FormatError(f"{where}: shard path {_short(b[:-1])} lies inside (or is) shard path {_short(a[:-1])}")
 
 
 @dataclass(frozen=True)
@@ -251,6 +295,7 @@ class Manifest:
         if _get(d, "num_classes", int, where) != len(data.classes):
             raise FormatError(f"{where}: num_classes {d['num_classes']} but {len(data.classes)} class names")
         shards = tuple(ShardEntry.from_dict(s, where, k, version) for k, s in enumerate(_get(d, "shards", list, where)))
+        _check_distinct(shards, where)
         raw_totals = _get(d, "totals", dict, where)
         totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),  # type: ignore[arg-type]
                         clips=_count(raw_totals, "clips", f"{where}: totals"),  # type: ignore[arg-type]

@@ -17,13 +17,22 @@ of local folders never imports it.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
+import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio  # imported where a file system is made (fsspec's import does anyway): 30 ms for local readers
 
 from .errors import FormatError, ShardMissing
+from .layout import MAX_JSON_BYTES, parse_json
+
+log = logging.getLogger(__name__)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 T = TypeVar("T")
@@ -41,6 +50,21 @@ READ_ONLY = ("http", "https")
 def is_url(path: object) -> bool:
     """True when ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and _SCHEME.match(path) is not None
+
+
+def check_url(url: str) -> str:
+    """``url`` without trailing slashes, when it names a place: a bucket or host after ``scheme://`` (a path after
+    ``file://``); ValueError in one line otherwise (``s3://`` alone would be a local folder named ``s3:``)."""
+    m = _SCHEME.match(url)
+    if m is None:
+        raise ValueError(f"{url!r} is not a URL (scheme://...)")
+    rest = url[m.end():]
+    if m.group(1).lower() == "file":
+        if not rest.strip("/"):
+            raise ValueError(f"{url}: no path after file://; give file:///PATH")
+    elif not rest.split("/", 1)[0]:
+        raise ValueError(f"{url}: no bucket or host after {m.group(0)}; give {m.group(0)}BUCKET/PREFIX")
+    return url.rstrip("/")
 
 
 def scheme(url: str) -> str:
@@ -75,6 +99,9 @@ def classify(exc: BaseException) -> tuple[bool, str]:
                        "~/.aws/credentials, or storage options)")
     if isinstance(exc, PermissionError) or name in ("ClientAuthenticationError",):
         return False, f"access denied ({text}; check the credentials)"
+    lowered = text.lower()
+    if any(k in lowered for k in ("nosuchbucket", "no such bucket", "bucket does not exist")):
+        return False, "no such bucket (check the URL's bucket name and the endpoint)"
     if isinstance(exc, FileNotFoundError):
         return False, "no such object"
     if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
@@ -82,11 +109,8 @@ def classify(exc: BaseException) -> tuple[bool, str]:
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     if isinstance(status, int) and 400 <= status < 500 and status not in (408, 429):
         return False, f"HTTP {status} ({text})"
-    lowered = text.lower()
     if any(k in lowered for k in ("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied", "forbidden")):
         return False, f"access denied ({text}; check the credentials)"
-    if any(k in lowered for k in ("nosuchbucket", "no such bucket")):
-        return False, "no such bucket"
     if any(k in name for k in ("Connect", "Timeout", "Endpoint")) or isinstance(exc, (ConnectionError, TimeoutError)):
         return True, f"endpoint unreachable ({text})"
     if isinstance(exc, OSError) or any(k in name for k in ("ClientError", "ServerDisconnected", "Payload")):
@@ -119,6 +143,54 @@ def retried(what: str, url: str, fn: Callable[[], T], *, attempts: int = ATTEMPT
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
+# What asyncio says of a task or future that failed with nobody awaiting it, when it is collected.
+_UNRETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")
+
+
+def _lost_connection(exc: object) -> bool:
+    """Whether ``exc`` says a request's connection failed: an OSError (a reset, a refusal, a timeout, a network
+    that cannot be reached: on fsspec's loop, the network's) or one of aiohttp's own errors (some, such as
+    ``ServerDisconnectedError``, are no OSError), told by their classes' module, so that this never imports
+    aiohttp."""
+    if isinstance(exc, OSError):
+        return True
+    return isinstance(exc, Exception) and any(cls.__module__.split(".")[0] == "aiohttp" for cls in type(exc).__mro__)
+
+
+def _quiet_lost_connections(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` (fsspec's, where s3fs, gcsfs... run aiohttp) an exception handler that drops the tasks
+    failed by a lost connection that nobody awaited, and passes everything else on; once per loop.
+
+    An endpoint that resets connections during an upload left 92 to 116 of
+    aiohttp's tasks failed and unawaited (a request's body writer, whose
+    request had already failed): asyncio printed each as a "Task exception
+    was never retrieved" traceback on stderr when it was collected, before
+    the one line that the retry loop's ``RemoteError`` makes of the same
+    failure. They are logged at debug level instead.
+    """
+    with _quieted_lock:
+        if loop in _quieted:
+            return
+        _quieted.add(loop)
+        previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if context.get("message") in _UNRETRIEVED and _lost_connection(exc):
+            log.debug("a request's task failed unawaited on fsspec's event loop: %s: %s", type(exc).__name__, exc)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+_quieted: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()  # loops given the handler above
+_quieted_lock = threading.Lock()
+
+
 class Remote:
     """A conversion folder at ``url``, through fsspec (imported on first use); picklable (no open handles).
 
@@ -127,9 +199,7 @@ class Remote:
 
     def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None, attempts: int = ATTEMPTS,
                  backoff: float = BACKOFF_S) -> None:
-        if not is_url(url):
-            raise ValueError(f"{url!r} is not a URL (scheme://...)")
-        self.url = url.rstrip("/")
+        self.url = check_url(url)
         self.scheme = scheme(url)
         self.storage_options = dict(storage_options or {})
         self.attempts = attempts
@@ -159,6 +229,11 @@ class Remote:
                 raise RemoteError(f"{self.url}: {self.scheme}:// needs {package}: pip install {package}") from exc
             except ValueError as exc:
                 raise RemoteError(f"{self.url}: {exc}") from exc
+            import asyncio
+
+            loop = getattr(fs, "loop", None)  # an async file system's (s3fs, gcsfs, HTTP): fsspec's IO thread's
+            if isinstance(loop, asyncio.AbstractEventLoop):
+                _quiet_lost_connections(loop)
             self._fs, self._fs_pid, self._base = fs, os.getpid(), base.rstrip("/")
         return self._fs
 
@@ -182,12 +257,14 @@ class Remote:
 
         return self._retried("checking", rel, check)
 
-    def read_bytes(self, rel: str) -> bytes:
-        """The whole object ``rel``; ShardMissing naming its URL when it is not there."""
+    def read_bytes(self, rel: str, *, limit: int | None = None) -> bytes:
+        """The whole object ``rel`` (its first ``limit + 1`` bytes at most, when ``limit`` is given: the caller
+        refuses a longer one unread); ShardMissing naming its URL when it is not there."""
+        end = None if limit is None else limit + 1
         try:
-            return self._retried("reading", rel, lambda: self.fs.cat_file(self._path(rel)))
+            return self._retried("reading", rel, lambda: self.fs.cat_file(self._path(rel), start=0, end=end))
         except RemoteError as exc:
-            if isinstance(exc.__cause__, FileNotFoundError):
+            if isinstance(exc.__cause__, FileNotFoundError) and "no such bucket" not in str(exc):
                 raise ShardMissing(f"{self.join(rel)}: no such object") from exc
             raise
 
@@ -261,6 +338,31 @@ class Remote:
 
         self._retried("uploading", rel, put)
 
+    def md5(self, rel: str) -> str:
+        """The MD5 of object ``rel``'s bytes, read through (for file systems with no checksum of their own)."""
+        def digest() -> str:
+            import hashlib
+
+            h = hashlib.md5(usedforsecurity=False)
+            with self.fs.open(self._path(rel), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            return h.hexdigest()
+
+        return self._retried("reading", rel, digest)
+
+    def check_writable(self) -> None:
+        """Write and remove a small object under the folder: RemoteError at once (no such bucket, no write access,
+        an endpoint that does not answer) rather than after a whole conversion."""
+        import tempfile
+
+        rel = f".write-check-{os.getpid()}"
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(b"videoclips write check\n")
+            f.flush()
+            self.upload(f.name, rel)
+        self.remove(rel)
+
     def remove(self, rel: str) -> None:
         """Delete object ``rel`` when it is there."""
         def rm() -> None:
@@ -270,4 +372,12 @@ class Remote:
         self._retried("removing", rel, rm)
 
 
-__all__ = ["ATTEMPTS", "READ_ONLY", "Remote", "RemoteError", "classify", "is_url", "retried", "scheme"]
+def read_remote_json(remote: Remote, rel: str, what: str) -> tuple[bytes, Any]:
+    """(bytes, parsed JSON) of metadata object ``rel``, with the guards of a local metadata file (``parse_json``: at
+    most MAX_JSON_BYTES read, no traceback for any content); FormatError naming its URL."""
+    raw = remote.read_bytes(rel, limit=MAX_JSON_BYTES)
+    return raw, parse_json(raw, remote.join(rel), what, limit=MAX_JSON_BYTES)
+
+
+__all__ = ["ATTEMPTS", "READ_ONLY", "Remote", "RemoteError", "check_url", "classify", "is_url", "read_remote_json",
+           "retried", "scheme"]

@@ -61,8 +61,8 @@ class ClipStore(Sequence):
         if is_url(root):
             from .cache import ShardCache
 
-            self.url = root.rstrip("/")
-            self.cache = ShardCache(self.url, cache)
+            self.cache = ShardCache(root, cache)
+            self.url = self.cache.url
             root = self.cache.dir
         self.root = os.path.abspath(root)
         self.manifest: Manifest = self.cache.manifest if self.cache else read_manifest(self.root)
@@ -392,19 +392,11 @@ def manifest_at(root: str, *, cache: CacheSettings | None = None) -> Manifest:
     """The manifest of the conversion at ``root``, a folder or a URL (read without caching anything)."""
     if not is_url(root):
         return read_manifest(root)
-    import json
-
     from .layout import MANIFEST
-    from .remote import Remote
+    from .remote import Remote, read_remote_json
 
     remote = Remote(root, storage_options=cache.storage_options if cache else None)
-    raw = remote.read_bytes(MANIFEST)
-    try:
-        return Manifest.from_dict(json.loads(raw), remote.join(MANIFEST))
-    except ValueError as exc:
-        if isinstance(exc, FormatError):
-            raise
-        raise FormatError(f"{remote.join(MANIFEST)}: not valid JSON: {exc}") from exc
+    return Manifest.from_dict(read_remote_json(remote, MANIFEST, "manifest")[1], remote.join(MANIFEST))
 
 
 def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:

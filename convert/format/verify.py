@@ -17,18 +17,14 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from .backends import get_backend
 from .codecs import codec_for_id
 from .errors import FormatError, ShardMissing
 from .layout import check_crc
 from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
-from .system import cpu_count
-
-if TYPE_CHECKING:
-    from .store import ClipStore
+from .system import cpu_count, stop_signals_blocked, unblock_stop_signals
 
 
 def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = True) -> list[str]:
@@ -102,10 +98,20 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
 
 
 def _child(conn, fn: Callable[[], list[str]]) -> None:
+    # A stop signal (Ctrl-C reaches the whole process group) is the parent's to handle: it stops the checkers
+    # itself. The signals were blocked while this child started (``isolated``), so none came before this line.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    unblock_stop_signals()
     try:
         conn.send(fn())
     finally:
         conn.close()
+
+
+# A checker ended by these was killed from outside (the kernel's out-of-memory killer, a user): a problem of the
+# machine, never recorded as a property of the shard.
+_KILLED_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 
 
 def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> list[str]:
@@ -120,27 +126,38 @@ def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> 
     results: dict[int, list[str]] = {}
     running: dict[int, tuple] = {}
     pending = list(enumerate(tasks))
-    while pending or running:
-        while pending and len(running) < workers:
-            k, (name, fn) = pending.pop(0)
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(send, fn), daemon=True)
-            proc.start()
-            send.close()
-            running[k] = (name, proc, recv)
-        ready = multiprocessing.connection.wait([r for _, _, r in running.values()])
-        for k in [k for k, (_, _, r) in running.items() if r in ready]:
-            name, proc, recv = running.pop(k)
-            try:
-                results[k] = recv.recv()
-            except EOFError:  # the child died before answering
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                k, (name, fn) = pending.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(send, fn), daemon=True)
+                with stop_signals_blocked():
+                    proc.start()
+                send.close()
+                running[k] = (name, proc, recv)
+            ready = multiprocessing.connection.wait([r for _, _, r in running.values()])
+            for k in [k for k, (_, _, r) in running.items() if r in ready]:
+                name, proc, recv = running.pop(k)
+                try:
+                    results[k] = recv.recv()
+                except EOFError:  # the child died before answering
+                    proc.join()
+                    code = proc.exitcode
+                    if code is not None and code < 0 and -code in _KILLED_FROM_OUTSIDE:
+                        raise OSError(f"{name}: the checker was killed by {signal.Signals(-code).name} (out of "
+                                      f"memory, or stopped from outside): not a problem of the shard; run "
+                                      f"verify again") from None
+                    how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
+                    results[k] = [f"{name}: corrupted: reading it crashed the checker ({how}); the shard must be "
+                                  f"converted again"]
+                recv.close()
                 proc.join()
-                code = proc.exitcode
-                how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit status {code}"
-                results[k] = [f"{name}: corrupted: reading it crashed the checker ({how}); the shard must be "
-                              f"converted again"]
-            recv.close()
+    finally:
+        for _, proc, recv in running.values():  # stopped, or failed: no checker outlives the check
+            proc.kill()
             proc.join()
+            recv.close()
     return [line for k in sorted(results) for line in results[k]]
 
 
@@ -179,19 +196,20 @@ def _task(path: str, index: int, manifest: Manifest, decode: bool) -> Callable[[
     return lambda: verify_shard(path, index, manifest, decode=decode)
 
 
-def verify_store(store: ClipStore) -> dict:
+def verify_store(shard_paths: Sequence[str], manifest: Manifest) -> dict:
     """Recompute each payload's CRC-32 and each shard's checksum; compare with headers and the manifest.
 
-    Reads every byte of every shard; raises a one-line FormatError at the
-    first problem. Returns the counts checked.
+    ``shard_paths``: where a reader has each of the manifest's shards (a
+    ``ClipStore``'s ``shard_paths``). Reads every byte of every shard; raises
+    a one-line FormatError at the first problem. Returns the counts checked.
     """
     clips = 0
-    for index, (path, meta) in enumerate(zip(store.shard_paths, store.manifest.shards)):
-        problems = verify_shard(path, index, store.manifest, decode=False)
+    for index, (path, meta) in enumerate(zip(shard_paths, manifest.shards)):
+        problems = verify_shard(path, index, manifest, decode=False)
         if problems:
             raise FormatError(f"{path}: checksum mismatch: {problems[0]}")
         clips += meta.clips
-    return {"shards": len(store.shard_paths), "clips": clips}
+    return {"shards": len(shard_paths), "clips": clips}
 
 
 __all__ = ["checked_counts", "isolated", "totals_problems", "verify", "verify_shard", "verify_store"]

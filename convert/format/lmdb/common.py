@@ -11,10 +11,12 @@ Keys (bytes, main database; FORMAT.md, *LMDB shards*):
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import lmdb
 
+from ..base import ShardFiles
 from ..errors import FormatError
 from ..records import MAX_RECORD_BYTES, VideoRecord
 
@@ -24,6 +26,10 @@ SHARD_KEY = b"m/shard"
 COMPLETE_KEY = b"m/complete"
 ORDER_KEY = b"m/order"
 DATA_FILE = "data.mdb"
+LOCK_FILE = "lock.mdb"
+# The shard is its one data file: records and metadata lie inside it, so indexing needs the whole shard. The lock
+# file is LMDB's own (readers open without it).
+FILES = ShardFiles(data=(re.escape(DATA_FILE),), scratch=(re.escape(LOCK_FILE),))
 
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..base import ShardReader, Visitor, changed_error, file_identity
+from ..base import ShardFiles, ShardReader, Visitor, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
 from ..layout import ClipHeader, read_json_file, unpack_header
-from ..parts import PartLog, latest_records, part_name
+from ..parts import COMMIT, PartLog, latest_records, part_name
 from ..records import VideoRecord, sort_records
 from .schema import REPEATED
 from .wire import FRAMING, U32, U64, decode_example, masked_crc
@@ -44,6 +45,12 @@ def shard_index(path: str) -> tuple[dict | None, list[VideoRecord], list[str]]:
     meta = read_json_file(os.path.join(path, META_FILE), "shard metadata")
     records, where = committed_videos(path, PartLog(path).committed())
     return (meta if isinstance(meta, dict) else None), records, storage_order_of(records, where)
+
+
+# The metadata, the summary and each part's record, index and commit files. The metadata and the commits (the
+# video records) index the shard without its record files.
+FILES = ShardFiles(data=(re.escape(META_FILE), re.escape(COMPLETE_FILE), rf"part-\d{{5,}}\.({DATA}|{INDEX}|{COMMIT})"),
+                   index=(re.escape(META_FILE), rf"part-\d{{5,}}\.{COMMIT}"), indexer=shard_index)
 
 
 class TFRecordReader(ShardReader):
@@ -257,4 +264,4 @@ class TFRecordReader(ShardReader):
         self._lock = threading.Lock()
 
 
-__all__ = ["COMPLETE_FILE", "DATA", "INDEX", "META_FILE", "TFRecordReader"]
+__all__ = ["COMPLETE_FILE", "DATA", "FILES", "INDEX", "META_FILE", "TFRecordReader"]
