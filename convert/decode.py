@@ -64,6 +64,7 @@ class Probe:
     height: int
     rate: float
     frames_estimate: int
+    stream: int  # the index of the video stream these describe (``choose_video_stream``)
 
 
 # FFmpeg's display-matrix convention: rotation is counter-clockwise degrees, and
@@ -155,6 +156,94 @@ def _tag_seconds(text: str) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
+def _stream_end(s: av.video.stream.VideoStream) -> float | None:
+    """Seconds at which stream ``s`` itself says it ends; None when it does not say.
+
+    MP4, AVI: the stream's duration. Matroska and WebM have none per track, but their writers (FFmpeg,
+    mkvmerge) tag each track with its DURATION, the end of its last frame.
+    """
+    if s.duration is not None and s.time_base:
+        start = s.start_time if s.start_time is not None else 0
+        return float((start + s.duration) * s.time_base)
+    for key, value in s.metadata.items():
+        if key.upper() == "DURATION":
+            return _tag_seconds(value)
+    return None
+
+
+def _stream_start(s: av.video.stream.VideoStream) -> float:
+    """Seconds at which stream ``s`` starts; 0 when it does not say."""
+    return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
+
+
+def _stream_rate(s: av.video.stream.VideoStream) -> float | None:
+    """Frames a second the stream's header or FFmpeg's probe says; None when neither says."""
+    rate = s.average_rate or s.guessed_rate or s.base_rate
+    return float(rate) if rate else None
+
+
+# Image codecs: a stream of one of these with no frame count and no duration is taken for a picture (cover art
+# muxed as a plain track), not a video; a camera's MJPEG video in AVI or MP4 has a frame count in its header.
+_IMAGE_CODECS = frozenset({"mjpeg", "png", "bmp", "tiff", "webp", "jpeg2000", "jpegls", "jpegxl", "qoi", "targa",
+                           "ppm", "pgm", "pgmyuv", "pbm", "pam", "sgi", "pcx", "dds", "exr", "hdr", "xwd",
+                           "sunrast"})
+
+
+def _looks_still(s: av.video.stream.VideoStream) -> bool:
+    """Whether stream ``s``'s header says it is one still picture rather than a video.
+
+    Matroska keeps no attached_pic flag for a picture muxed as a track (``ffmpeg -i cover.jpg -i video.mp4
+    out.mkv`` writes a one-frame MJPEG track first), so the header's frame count, the stream's own duration
+    (no longer than one frame) or, with neither, an image codec says it instead.
+    """
+    import av
+
+    if s.disposition & av.stream.Disposition.still_image or s.frames == 1:
+        return True
+    if s.frames:
+        return False
+    end = _stream_end(s)
+    if end is None:
+        codec = s.codec_context.codec  # None where this FFmpeg has no decoder for it
+        return codec is not None and codec.canonical_name in _IMAGE_CODECS
+    # One frame lasts 1/rate; half a frame more allows for the rounding of a duration tag.
+    return end - _stream_start(s) <= 1.5 / (_stream_rate(s) or 25.0)
+
+
+def _frames_estimate(s: av.video.stream.VideoStream) -> float:
+    """The header's frame count, else the stream's own duration times its rate; 0 when neither says."""
+    if s.frames:
+        return float(s.frames)
+    end, rate = _stream_end(s), _stream_rate(s)
+    if end is None or rate is None:
+        return 0.0
+    return max(0.0, end - _stream_start(s)) * rate
+
+
+def choose_video_stream(container: av.container.InputContainer) -> av.video.stream.VideoStream:
+    """The video stream to decode, chosen much as ``ffmpeg`` maps a file's video when told nothing.
+
+    Cover art flagged attached_pic is never chosen: it is one picture. Of the rest, a stream whose header
+    says it is a still picture (``_looks_still``) only when nothing else is there; then the largest picture
+    (width x height, as ffmpeg prefers), then the most frames, then the first in the file. Unlike ffmpeg, the
+    default flag counts for nothing: a Matroska track that omits it is a default track by the spec, whatever
+    it holds. ``VideoError`` when the file has no video stream but cover art, or none at all.
+    """
+    import av
+
+    video = list(container.streams.video)
+    candidates = [s for s in video if not s.disposition & av.stream.Disposition.attached_pic]
+    if not candidates:
+        raise VideoError("no video stream" + (" (only an attached picture: cover art)" if video else ""))
+
+    def rank(s: av.video.stream.VideoStream) -> tuple[bool, int, float, int]:
+        cc = s.codec_context
+        # min() takes the first of equals: the file's order decides a tie, as before streams were ranked.
+        return _looks_still(s), -(cc.width * cc.height), -_frames_estimate(s), s.index
+
+    return min(candidates, key=rank)
+
+
 class VideoDecoder:
     """Iterate a video's frames as uint8 (H, W, 3) arrays.
 
@@ -178,14 +267,12 @@ class VideoDecoder:
         import av
 
         self._container = open_video(path)
-        # Cover art is a video stream too (one picture, flagged attached_pic), and may come first.
-        pictures = [s for s in self._container.streams.video
-                    if not s.disposition & av.stream.Disposition.attached_pic]
-        if not pictures:
-            covers = len(self._container.streams.video)
+        try:
+            self._stream = choose_video_stream(self._container)
+        except VideoError:
             self._container.close()
-            raise VideoError("no video stream" + (" (only an attached picture: cover art)" if covers else ""))
-        self._stream = pictures[0]
+            raise
+        self.stream_index: int = self._stream.index  # which of the file's streams is decoded, for a report to name
         # Where the video stream has no end of its own, how far the other streams' packets reached tells
         # a complete file from a cut one (the container's duration may be the audio's): those streams
         # are then demuxed too, their packets only looked at.
@@ -196,27 +283,14 @@ class VideoDecoder:
         self._others_reached: float | None = None
         self._stream.thread_type = "AUTO"
         self._stream.thread_count = spec.threads
-        rate = self._stream.average_rate or self._stream.guessed_rate or self._stream.base_rate
-        self.rate = float(rate) if rate else 25.0
+        self.rate = _stream_rate(self._stream) or 25.0
 
     def _own_end(self) -> float | None:
-        """Seconds at which the video stream itself says it ends; None when it does not say.
-
-        MP4, AVI: the stream's duration. Matroska and WebM have none per track, but their writers (FFmpeg,
-        mkvmerge) tag each track with its DURATION, the end of its last frame.
-        """
-        s = self._stream
-        if s.duration is not None and s.time_base:
-            start = s.start_time if s.start_time is not None else 0
-            return float((start + s.duration) * s.time_base)
-        for key, value in s.metadata.items():
-            if key.upper() == "DURATION":
-                return _tag_seconds(value)
-        return None
+        """Seconds at which the video stream itself says it ends; None when it does not say."""
+        return _stream_end(self._stream)
 
     def _start(self) -> float:
-        s = self._stream
-        return float(s.start_time * s.time_base) if s.start_time is not None and s.time_base else 0.0
+        return _stream_start(self._stream)
 
     def _duration(self) -> float | None:
         """Seconds the stream (else the container) says it lasts; None when neither says."""
@@ -235,7 +309,7 @@ class VideoDecoder:
             frames = math.ceil(duration * self.rate) if duration else 300
         if self.spec.fps is not None:
             frames = math.ceil(frames * self.spec.fps / self.rate) + 1
-        return Probe(s.codec_context.width, s.codec_context.height, self.rate, int(frames))
+        return Probe(s.codec_context.width, s.codec_context.height, self.rate, int(frames), s.index)
 
     def close(self) -> None:
         self._container.close()

@@ -3,22 +3,26 @@
 Every source becomes a sorted list of ``VideoItem`` plus the class names; entries
 that cannot be used (missing file, path escaping the video root, duplicate id,
 a file that is no regular file, a name that is not UTF-8, a folder that cannot
-be read) are returned as ``Problem`` records instead of raising, so a
-240k-video job reports them and goes on. What would change the meaning of
-every entry (the class list, the labels) stops the job instead, with one line
-naming the file and line. Video paths are absolute: what a plan records does
+be read, a symbolic link looping back to a folder above it) are returned as
+``Problem`` records instead of raising, so a 240k-video job reports them and
+goes on. What would change the meaning of every entry (the class list, the
+labels, a class name holding a control character) stops the job instead,
+with one line naming the file and line. Video paths are absolute: what a plan records does
 not depend on the working directory of the run that wrote it.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import math
 import os
 import stat
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 VIDEO_EXTENSIONS = frozenset(
     {".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v", ".flv", ".mpg", ".mpeg", ".ogv", ".3gp", ".ts"}
@@ -92,10 +96,34 @@ def read_text(path: str, what: str) -> str:
                           f"{data[exc.start:exc.start + 1]!r}); save the {what} as UTF-8") from None
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a control character, a line separator, a lone
+    surrogate...) replaced by its Python escape (``\\x1b``, ``\\n``): safe to write to a terminal, one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def check_class_name(name: str, where: str, what: str = "class name") -> None:
+    """SourceError naming ``where`` (a file, and a line) when the class name ``name`` holds a control character;
+    ``what`` says what the name is there (a label, a folder name).
+
+    Class names are printed (``inspect``, the summary) and given back one a
+    line through ``--classes``: an escape sequence would reach the terminal,
+    and a name holding a newline could never be given back.
+    """
+    bad = next((ch for ch in name if unicodedata.category(ch) == "Cc"), None)
+    if bad is not None:
+        raise SourceError(f"{where}: {what} {name!r} holds a control character ({bad!r}); class names are "
+                          f"printed, and given back one a line through --classes: take it out of the name")
+
+
 def _read_classes(path: str | None) -> list[str] | None:
     if path is None:
         return None
-    names = [line.strip() for line in read_text(path, "class list").splitlines() if line.strip()]
+    names = []
+    for n, line in enumerate(read_text(path, "class list").splitlines(), start=1):
+        if line.strip():
+            check_class_name(line.strip(), f"{path}: line {n}")
+            names.append(line.strip())
     if len(set(names)) != len(names):
         raise SourceError(f"{path}: class names repeat")
     return names
@@ -125,6 +153,20 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _stat_video(path: str) -> os.stat_result | tuple[str, str]:
+    """``path``'s stat (symbolic links followed) when it is a regular file, else (status, reason) saying why
+    it cannot be a video to convert."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing", "file not found" if not os.path.islink(path) else "broken symbolic link"
+    except OSError as exc:
+        return "rejected", f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(st.st_mode):
+        return st
+    return "rejected", f"not a regular file ({_kind(st.st_mode)}): never opened as a video"
+
+
 def file_problem(path: str) -> tuple[str, str] | None:
     """(status, reason) when ``path`` cannot be a video to convert, None when it is a regular file.
 
@@ -132,72 +174,154 @@ def file_problem(path: str) -> tuple[str, str] | None:
     in whatever opens it (a FIFO with no writer hangs ``open``): only regular
     files are ever given to a decoder.
     """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "missing", "file not found" if not os.path.islink(path) else "broken symbolic link"
-    except OSError as exc:
-        return "rejected", f"cannot be read: {exc.strerror or exc}"
-    if stat.S_ISREG(mode):
-        return None
-    return "rejected", f"not a regular file ({_kind(mode)}): never opened as a video"
+    st = _stat_video(path)
+    return None if isinstance(st, os.stat_result) else st  # (a stat_result is a tuple too)
 
 
-def _walk_videos(root: str, top: str, problems: list[Problem]) -> Iterator[str]:
-    """The regular video files under ``top`` (absolute paths), folders and names sorted, at any depth.
+class _Found(NamedTuple):
+    """A video file a walk found: its absolute path, the (st_dev, st_ino) of its folder entry (of the link when
+    it is a symbolic link to a file), and whether a link to a folder below the class folder led to it.
+
+    The entry, not the file a link to a file leads to: folders of links to
+    shared files (a benchmark's, git-annex's) are one video per link, as
+    before; a folder reached again through a link gives the same entries.
+    """
+
+    path: str
+    key: tuple[int, int]
+    linked: bool
+
+
+@dataclass
+class _Walk:
+    """One walk of a tree of folders: where it reports, and the folders it has seen, by (st_dev, st_ino).
+
+    Symbolic links to folders are followed (a class folder may gather videos
+    stored elsewhere), so the same folder can be reached again: a link back to
+    a folder on the walk's own path would be walked forever (``a/up -> ..``
+    to the 40 levels the kernel allows, exponentially with two such links),
+    and a link to a folder walked already would give its videos twice.
+    """
+
+    root: str
+    problems: list[Problem]
+    path: dict[tuple[int, int], str] = field(default_factory=dict)  # folders being walked -> how to name them
+    walked: dict[tuple[int, int], tuple[str, bool]] = field(default_factory=dict)  # -> (name, reached by a link)
+
+    def name(self, full: str) -> str:
+        """``full`` as reports name a folder: relative to the root, ending in "/"."""
+        rel = os.path.relpath(full, self.root)
+        return "the root folder" if rel == "." else shown(rel) + "/"
+
+
+def _walk_videos(walk: _Walk, top: str, key: tuple[int, int], linked: bool) -> Iterator[_Found]:
+    """The regular video files under the folder ``top`` (whose (st_dev, st_ino) is ``key``), folders and
+    names sorted, at any depth; ``linked``: ``top`` was reached through a symbolic link below a class folder.
 
     What ``os.walk`` would skip without a word is a ``Problem`` here, named
-    by its path relative to ``root``: a folder that cannot be read, a name
+    by its path relative to the root: a folder that cannot be read, a name
     that is not UTF-8 (shown with its bytes escaped), a video-named file that
-    is no regular file.
+    is no regular file. A symbolic link back to a folder the walk is in (a
+    loop), or to a folder walked already, is reported once and not followed;
+    a folder first reached through a link is walked again when reached
+    without one, so that its videos are found under their own path.
     """
+    root, problems = walk.root, walk.problems
+    walk.path[key] = walk.name(top)
+    walk.walked[key] = (walk.name(top), linked)
     try:
-        with os.scandir(top) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        rel = os.path.relpath(top, root)
-        problems.append(Problem(shown(rel) + "/", shown(top), "rejected",
-                                f"folder cannot be read ({exc.strerror or exc}): the videos in it are not converted"))
-        return
-    for entry in entries:
-        full = os.path.join(top, entry.name)
         try:
-            is_dir = entry.is_dir()
-        except OSError:
-            is_dir = False
-        if is_dir:
-            if _undecodable(entry.name):
-                problems.append(Problem(shown(os.path.relpath(full, root)) + "/", shown(full), "rejected",
-                                        "folder name is not valid UTF-8 (shown with its bytes escaped): the "
-                                        "videos in it are not converted; rename it"))
+            with os.scandir(top) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            rel = os.path.relpath(top, root)
+            problems.append(Problem(shown(rel) + "/", shown(top), "rejected",
+                                    f"folder cannot be read ({exc.strerror or exc}): the videos in it are not "
+                                    f"converted"))
+            return
+        for entry in entries:
+            full = os.path.join(top, entry.name)
+            is_video_name = os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS
+            try:
+                is_dir = entry.is_dir()
+            except OSError as exc:
+                if exc.errno == errno.ELOOP and not is_video_name:  # a video-named one is reported below
+                    problems.append(Problem(walk.name(full), shown(full), "rejected",
+                                            f"symbolic link loop ({exc.strerror}): not followed"))
+                    continue
+                is_dir = False
+            if is_dir:
+                if _undecodable(entry.name):
+                    problems.append(Problem(walk.name(full), shown(full), "rejected",
+                                            "folder name is not valid UTF-8 (shown with its bytes escaped): the "
+                                            "videos in it are not converted; rename it"))
+                    continue
+                yield from _walk_folder(walk, full, linked or entry.is_symlink())
                 continue
-            yield from _walk_videos(root, full, problems)
-            continue
-        if os.path.splitext(entry.name)[1].lower() not in VIDEO_EXTENSIONS:
-            continue
-        vid = os.path.splitext(os.path.relpath(full, root))[0]
-        if _undecodable(entry.name):
-            problems.append(Problem(shown(vid), shown(full), "rejected",
-                                    "file name is not valid UTF-8 (shown with its bytes escaped); rename it"))
-            continue
-        why = file_problem(full)
-        if why is not None:
-            problems.append(Problem(vid, full, *why))
-            continue
-        yield full
+            if not is_video_name:
+                continue
+            vid = os.path.splitext(os.path.relpath(full, root))[0]
+            if _undecodable(entry.name):
+                problems.append(Problem(shown(vid), shown(full), "rejected",
+                                        "file name is not valid UTF-8 (shown with its bytes escaped); rename it"))
+                continue
+            st = _stat_video(full)
+            if not isinstance(st, os.stat_result):  # (status, reason)
+                problems.append(Problem(vid, full, *st))
+                continue
+            yield _Found(full, (key[0], entry.inode()), linked)  # the inode listing gave: no system call
+    finally:
+        del walk.path[key]
+
+
+def _walk_folder(walk: _Walk, full: str, linked: bool) -> Iterator[_Found]:
+    """``_walk_videos`` of the sub-folder ``full``, unless it is a folder the walk is in (a loop) or one it
+    has walked already as well as it could (without a link, or now only through one): then one ``Problem``."""
+    try:
+        st = os.stat(full)
+    except OSError as exc:  # gone since the listing, or a link the kernel cannot resolve
+        walk.problems.append(Problem(walk.name(full), shown(full), "rejected",
+                                     f"folder cannot be read ({exc.strerror or exc}): the videos in it are not "
+                                     f"converted"))
+        return
+    key = (st.st_dev, st.st_ino)
+    if key in walk.path:
+        walk.problems.append(Problem(walk.name(full), shown(full), "rejected",
+                                     f"symbolic link loop: leads back to {walk.path[key]}, which it is in; "
+                                     f"not followed"))
+        return
+    seen = walk.walked.get(key)
+    if seen is not None and (linked or not seen[1]):
+        walk.problems.append(Problem(walk.name(full), shown(full), "rejected",
+                                     f"the same folder as {seen[0]}, walked already: its videos are converted "
+                                     f"once, from there"))
+        return
+    yield from _walk_videos(walk, full, key, linked)
+
+
+def _root_walk(root: str) -> tuple[_Walk, tuple[int, int]]:
+    """A new walk of ``root``, and the root's (st_dev, st_ino)."""
+    try:
+        st = os.stat(root)
+    except OSError as exc:
+        raise SourceError(f"{root}: cannot be read: {exc.strerror or exc}") from None
+    return _Walk(root, []), (st.st_dev, st.st_ino)
 
 
 def _index_tree(root: str) -> tuple[dict[str, str], dict[str, Problem], list[Problem]]:
     """Each video file's stem and path, walking ``root`` once; the stems of files that cannot be used (a
     FIFO...), with their problem; the folders that cannot be read. A file a row does not name is nobody's
     problem: the root may hold other splits."""
-    index: dict[str, str] = {}
-    found: list[Problem] = []
-    for full in _walk_videos(root, root, found):
-        index.setdefault(os.path.splitext(os.path.basename(full))[0], full)
-    folders = [p for p in found if p.id.endswith("/")]
-    unusable = {os.path.basename(p.id): p for p in found if not p.id.endswith("/")}
-    return index, unusable, folders
+    walk, key = _root_walk(root)
+    index: dict[str, _Found] = {}
+    for found in _walk_videos(walk, root, key, False):
+        stem = os.path.splitext(os.path.basename(found.path))[0]
+        # The path without a link wins: a file reached through a link is the same file.
+        if stem not in index or (index[stem].linked and not found.linked):
+            index[stem] = found
+    folders = [p for p in walk.problems if p.id.endswith("/")]
+    unusable = {os.path.basename(p.id): p for p in walk.problems if not p.id.endswith("/")}
+    return {stem: f.path for stem, f in index.items()}, unusable, folders
 
 
 def _is_index(label: str) -> bool:
@@ -305,6 +429,8 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
     if classes is None:
         # Every row, whatever its split or state: the train and val conversions of
         # one CSV then share one class list even when a split lacks a class.
+        for n, row in rows:
+            check_class_name(row["label"], f"{csv_path}: line {n}", "label")
         classes = sorted({row["label"] for _, row in rows if row["label"]})
     return _finish("csv", entries, classes, problems)
 
@@ -350,40 +476,79 @@ def from_list(list_path: str, videos: str | None = None, *, classes_file: str | 
         raise SourceError(f"{list_path}: line {n}: label {lab!r} is {kind}, but {len(numbers)} labels are class "
                           f"numbers and {len(names)} are names; fix it, or give --classes FILE to read every "
                           f"label as a class name")
+    if classes_file is None:  # the names are the class list (with one, a label not in it is a rejected line)
+        for n, lab in names:
+            check_class_name(lab, f"{list_path}: line {n}", "label")
     return _finish("list", entries, _read_classes(classes_file), problems, numeric=not names)
 
 
 def from_folders(root: str, *, classes_file: str | None = None) -> Source:
     """``root/<class>/**/<video>``: the class is the first folder level.
 
-    A class folder that cannot be read, or whose name is not UTF-8, stops the
-    job (it would drop a class and renumber the others); anything below it
-    that cannot be used is a ``Problem`` (``_walk_videos``).
+    A class folder that cannot be read (a symbolic link loop among them), or
+    whose name is not UTF-8 or holds a control character, stops the job (it
+    would drop a class and renumber the others); anything below it that cannot
+    be used is a ``Problem`` (``_walk_videos``). Each file is converted once,
+    under the class it is in: one also reached through a symbolic link to a
+    folder (to another class's folder) is reported, not converted again under
+    the label of the folder holding the link. A symbolic link to a file is an
+    entry of its own, wherever it leads.
     """
     root = os.path.abspath(root)
-    entries: list[tuple[str, str, str]] = []
-    problems: list[Problem] = []
+    walk, root_key = _root_walk(root)
     try:
         with os.scandir(root) as it:
-            classes = sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
+            listing = sorted(it, key=lambda e: e.name)
     except OSError as exc:
         raise SourceError(f"{root}: cannot be read: {exc.strerror or exc}") from None
+    classes = []
+    for entry in listing:
+        try:
+            if entry.is_dir():
+                classes.append(entry)
+        except OSError as exc:  # is_dir raises what is not "no such file": ELOOP for root/cls -> cls
+            what = "is a symbolic link loop" if exc.errno == errno.ELOOP else "cannot be read"
+            raise SourceError(f"{root}: {entry.name!r} {what} ({exc.strerror or exc}): it may be a class folder, "
+                              f"and the class list must not lose one; fix or remove it") from None
+    found: list[tuple[str, _Found]] = []  # (class, video)
+    walk.path[root_key] = walk.name(root)  # a link back to the root, from any depth, is a loop
     for entry in classes:
         cdir = os.path.join(root, entry.name)
         if _undecodable(entry.name):
             raise SourceError(f"{shown(cdir)}: class folder name is not valid UTF-8 (shown with its bytes "
                               f"escaped); rename it")
+        check_class_name(entry.name, root, "class folder name")
         try:
             os.scandir(cdir).close()
+            st = os.stat(cdir)
         except OSError as exc:
             raise SourceError(f"{cdir}: class folder cannot be read ({exc.strerror or exc}); without it the "
                               f"class list would lose {entry.name!r}") from None
-        for full in _walk_videos(root, cdir, problems):
-            entries.append((os.path.splitext(os.path.relpath(full, root))[0], full, entry.name))
+        if (st.st_dev, st.st_ino) == root_key:
+            raise SourceError(f"{root}: class folder {entry.name!r} is a symbolic link loop (it is the root "
+                              f"folder itself); remove it")
+        # A class folder is walked even when another class's folder is the same one (a link): each is a class.
+        found += [(entry.name, f) for f in _walk_videos(walk, cdir, (st.st_dev, st.st_ino), False)]
+    problems = walk.problems
+    # Files reached without a link to a folder first: a file's own class is the one it is in, not one linking
+    # to its folder. Two entries of one file met without such a link (hard links) are both kept, as before.
+    first: dict[tuple[int, int], str] = {}
+    for _, f in sorted(found, key=lambda cf: cf[1].linked):
+        first.setdefault(f.key, os.path.splitext(os.path.relpath(f.path, root))[0])
+    entries: list[tuple[str, str, str]] = []
+    for name, f in found:
+        vid = os.path.splitext(os.path.relpath(f.path, root))[0]
+        if f.linked and first[f.key] != vid:
+            problems.append(Problem(vid, f.path, "rejected", f"the same file as {first[f.key]}, reached through a "
+                                                             f"symbolic link to a folder: converted once, as "
+                                                             f"{first[f.key]}"))
+            continue
+        entries.append((vid, f.path, name))
     if not entries:
-        first = f"; {len(problems)} could not be used, the first: {problems[0].path}: {problems[0].reason}" \
-            if problems else ""
-        raise SourceError(f"{root}: no video files in class folders (expected {root}/<class>/<video>.mp4){first}")
+        first_problem = f"; {len(problems)} could not be used, the first: {problems[0].path}: " \
+            f"{problems[0].reason}" if problems else ""
+        raise SourceError(f"{root}: no video files in class folders (expected {root}/<class>/<video>.mp4)"
+                          f"{first_problem}")
     return _finish("folders", entries, _read_classes(classes_file), problems)
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -13,6 +17,7 @@ from .format.cache import CacheSettings, verify_url
 from .format.remote import is_url
 from .format.verify import verify
 from .options import MAX_WORKERS
+from .sources import printable
 from .summary import describe_shape, print_summary
 
 
@@ -117,12 +122,43 @@ EXIT_CODES = ("Exit status: 0 sound; 1 OUT is a conversion but reading it failed
               "messages name the shard); 2 bad arguments, or OUT missing or not a finished conversion.")
 
 
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM during a command that stops cleanly (``verify``): unwinds like KeyboardInterrupt, for both."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stops_raised() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM raise ``_Stopped`` (in the main thread; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stop
+        raise _Stopped(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a signal this process was started ignoring (nohup) stays ignored
+            signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _usable_out(cmd: str, out: str) -> Manifest | None:
     """OUT's manifest, or None after saying in one line why OUT is no finished conversion."""
     if is_url(out):
         try:
             return manifest_at(out)
-        except (FormatError, OSError) as exc:  # RemoteError is an OSError
+        except (FormatError, OSError, ValueError) as exc:  # RemoteError is an OSError; ValueError: no bucket
             print(f"{cmd}: error: {exc}", file=sys.stderr)
             return None
     if not os.path.isdir(out):
@@ -152,11 +188,15 @@ def main(argv: list[str]) -> int:
         if _usable_out("verify", args.out) is None:
             return 2
         try:
-            if is_url(args.out):
-                settings = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
-                problems, counts = verify_url(args.out, cache=settings)
-            else:
-                problems, counts = verify(args.out)
+            with _stops_raised():
+                if is_url(args.out):
+                    settings = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
+                    problems, counts = verify_url(args.out, cache=settings)
+                else:
+                    problems, counts = verify(args.out)
+        except _Stopped as stop:  # the checkers are stopped by ``isolated`` as the exception leaves it
+            print("verify: interrupted; nothing was changed (run verify again)", file=sys.stderr)
+            return 128 + stop.signum
         except OSError as exc:  # the network or the cache disk, not the data: a problem of the machine
             print(f"verify: error: {exc}", file=sys.stderr)
             return 1
@@ -195,7 +235,8 @@ def main(argv: list[str]) -> int:
         print(f"clips per video: min {cpv['min']}, mean {cpv['mean']:.1f}, max {cpv['max']}")
         print("clips per class:")
         for name, k in s["classes"].items():
-            print(f"  {k:8d}  {name}")
+            # Planning refuses control characters, not a right-to-left override; an older conversion may hold any.
+            print(f"  {k:8d}  {printable(name)}")
         print(f"videos by status: {s['status_counts']}")
         if args.sheet:
             print(f"contact sheet: {args.sheet}")

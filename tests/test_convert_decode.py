@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from convert.decode import FrameSpec, VideoDecoder, VideoError, decode_all
+from convert.plan import ConvertConfig
+from convert.shard_worker import clip_producer
+from convert.sources import VideoItem
 from convert.synth import render, write_mp4
+
+from . import videos as stand_ins
 
 # file -> (decoded frames, damage expected); the synthetic stand-ins reproduce every count
 CASES = {
@@ -347,6 +352,7 @@ def test_cover_art_is_not_the_video(tmp_path, ext):
     assert np.array_equal(frames, want)
     with VideoDecoder(path, FrameSpec(size=(48, 64))) as dec:
         assert dec.probe().frames_estimate == 25
+        assert dec.stream_index == dec.probe().stream == (1 if ext == "mp4" else 0)
 
 
 def test_a_file_of_cover_art_only_has_no_video_stream(tmp_path):
@@ -367,6 +373,130 @@ def test_a_file_of_cover_art_only_has_no_video_stream(tmp_path):
     with pytest.raises(VideoError, match=r"^no video stream \(only an attached picture: cover art\)$"):
         VideoDecoder(path, FrameSpec())
 
+
+
+# -- a still picture muxed as an ordinary video track (no attached_pic flag) ---------------------------------------
+STILL_FIRST = 40  # frames of the real video beside the still
+
+
+def _still_then_video(path: str, *, still: bool = True, video: bool = True) -> str:
+    """A one-frame 320x240 MJPEG track (a picture, larger than the video) then a 40-frame 64x48 h264 track.
+
+    ``ffmpeg -i cover.jpg -i video.mp4 out.mkv`` writes such a file: Matroska keeps no attached_pic flag for
+    a track, so nothing but its length says the first track is a picture. The video's frame k is
+    ``stand_ins.pattern``'s: its bar says which frame it is. ``still``/``video`` leave either track out.
+    """
+    import av
+
+    with av.open(path, "w", format="mp4" if path.endswith(".mp4") else None) as out:
+        pic = out.add_stream("mjpeg", rate=25) if still else None
+        if pic is not None:
+            pic.width, pic.height, pic.pix_fmt = 320, 240, "yuvj420p"
+        vs = out.add_stream("libx264", rate=25) if video else None
+        if vs is not None:
+            vs.width, vs.height, vs.pix_fmt = 64, 48, "yuv420p"
+        if pic is not None:
+            image = av.VideoFrame.from_ndarray(np.full((240, 320, 3), 200, np.uint8), format="rgb24")
+            image = image.reformat(format="yuvj420p")
+            image.pts = 0
+            for packet in [*pic.encode(image), *pic.encode()]:
+                out.mux(packet)
+        if vs is not None:
+            for k, picture in enumerate(stand_ins.pattern(STILL_FIRST, 48, 64, seed=7)):
+                frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+                frame.pts = k
+                for packet in vs.encode(frame):
+                    out.mux(packet)
+            for packet in vs.encode():
+                out.mux(packet)
+    return path
+
+
+def _bars(frames: np.ndarray) -> list[int]:
+    return [stand_ins.bar_position(f) for f in frames]
+
+
+BAR_AT = [(k * stand_ins.BAR_SPEED) % 64 for k in range(STILL_FIRST)]  # where frame k's bar is, 64 wide
+
+
+@pytest.mark.parametrize("case", ["mkv-tagged", "mkv-untagged", "mp4"])
+def test_a_still_picture_track_is_not_the_video(tmp_path, case):
+    """The one-frame picture comes first and is larger, but the 40-frame video is decoded: tagged Matroska says
+    the picture lasts one frame, untagged Matroska leaves only its image codec to say it, MP4 counts 1 frame."""
+    import av
+
+    path = _still_then_video(str(tmp_path / f"still.{case[:3]}"))
+    if case == "mkv-untagged":
+        _untag(path)
+    with av.open(path) as c:
+        assert [s.codec_context.name for s in c.streams.video] == ["mjpeg", "h264"]
+        assert not any(s.disposition & av.stream.Disposition.attached_pic for s in c.streams.video)
+    frames, damage = decode_all(path, FrameSpec(size=(48, 64)))
+    assert damage is None
+    assert _bars(frames) == BAR_AT
+    with VideoDecoder(path, FrameSpec(size=(48, 64))) as dec:
+        probe = dec.probe()
+        assert dec.stream_index == probe.stream == 1
+        assert (probe.width, probe.height, probe.frames_estimate) == (64, 48, STILL_FIRST)
+
+
+def test_a_still_picture_track_is_not_converted_in_place_of_the_video(tmp_path):
+    """The conversion's own producer: clips of the 40-frame video, not a 'short' record of the picture's 1 frame."""
+    path = _still_then_video(str(tmp_path / "still.mkv"))
+    produce = clip_producer(VideoItem("still", path, 0), ConvertConfig(size=(48, 64)), threads=1)()
+    clips = []
+    try:
+        while True:
+            clips.append(next(produce))
+    except StopIteration as done:
+        record = done.value
+    assert (record.status, record.clips, record.frames, record.reason) == ("ok", 2, STILL_FIRST, "")
+    assert [(index, start) for index, start, _ in clips] == [(0, 0), (1, 16)]
+    assert _bars(np.concatenate([c for _, _, c in clips])) == BAR_AT[:32]
+
+
+def test_a_lone_still_picture_track_is_still_decoded(tmp_path):
+    """A picture is the lesser choice, not refused: alone, it is the file's video (one frame: a 'short' video)."""
+    path = _still_then_video(str(tmp_path / "picture.mkv"), video=False)
+    frames, damage = decode_all(path, FrameSpec(size=(48, 64)))
+    assert damage is None and len(frames) == 1
+    assert abs(float(frames.mean()) - 200) < 5
+
+
+def test_the_largest_picture_is_the_video(tmp_path):
+    """Of two real videos, the larger picture is decoded (as ffmpeg maps a file's video), wherever it is."""
+    import av
+
+    path = str(tmp_path / "two_sizes.mkv")
+    with av.open(path, "w") as out:
+        small, large = out.add_stream("libx264", rate=25), out.add_stream("libx264", rate=25)
+        for stream, (w, h) in ((small, (32, 24)), (large, (64, 48))):
+            stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        for stream, colour in ((small, (220, 20, 20)), (large, (20, 20, 220))):
+            picture = np.zeros((stream.height, stream.width, 3), np.uint8) + np.array(colour, np.uint8)
+            for k in range(20):
+                frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+                frame.pts = k
+                for packet in stream.encode(frame):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+    with VideoDecoder(path, FrameSpec(size=(48, 64))) as dec:
+        frames = np.stack(list(dec))
+        assert dec.stream_index == 1 and dec.damage is None and len(frames) == 20
+    r, g, b = frames.reshape(-1, 3).mean(0)
+    assert b > 180 and r < 60
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_file_of_one_video_stream_decodes_that_stream(videos, name):
+    """The shared files (one video track, some with audio) decode their only video stream, as before."""
+    import av
+
+    with av.open(videos.path(name)) as c:
+        (index,) = [s.index for s in c.streams.video]  # read while open: a closed container's streams are freed
+    with VideoDecoder(videos.path(name), FrameSpec()) as dec:
+        assert dec.stream_index == dec.probe().stream == index
 
 # -- issue 19, point 6: a video file is one file, never a list that opens others ----------------------------------
 def _open_fds() -> int:

@@ -8,7 +8,8 @@ training data (``data``: its manifest's clip counts and shard checksums) and
 the run's ``TrainConfig`` as a dict (``config``; ``saved_config`` reads it
 back). It is written to a temporary file in the same folder, flushed to disk
 and renamed, so a reader sees the old checkpoint or the new one, never a
-half-written file.
+half-written file; a write that fails (a full disk) removes its temporary
+file and is one line naming the bytes needed and free (``save_failure``).
 
 Every file ``save_atomic`` writes carries the SHA-256 of its content
 (``content_sha256``: every tensor's bytes, dtype and shape and every other
@@ -39,6 +40,7 @@ epoch's position).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -47,13 +49,13 @@ import re
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
 
 from .config import TrainConfig
-from .errors import TrainError
+from .errors import MachineError, TrainError
 from .options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, on_resume, settings
 
 LATEST = "checkpoint.pt"
@@ -140,15 +142,118 @@ def link_atomic(src: str, dst: str) -> str:
     return dst
 
 
-def save_checkpoint(obj: dict[str, Any], out: str, step: int, keep_last: int) -> str:
-    """Save as ``checkpoint_step<step>.pt``, point ``checkpoint.pt`` at it, keep the newest ``keep_last`` step files."""
+def save_checkpoint(obj: dict[str, Any], out: str, step: int, keep_last: int, *,
+                    previous: str | None = None) -> str:
+    """Save as ``checkpoint_step<step>.pt``, point ``checkpoint.pt`` at it, keep the newest ``keep_last`` step files.
+
+    ``previous`` is the newest checkpoint this run wrote or resumed from
+    (None when there is none yet). A write that fails (a full disk, an I/O
+    error) leaves no temporary file and the checkpoints as they were, and is
+    a one-line ``MachineError`` naming ``--out``, the bytes the file needs
+    and the bytes free, and whether a checkpoint to resume from is there.
+    """
     if keep_last < 1:
         raise TrainError(f"--keep-last must be at least 1, got {keep_last}")
-    path = save_atomic(obj, step_path(out, step))
-    link_atomic(path, latest_path(out))
+    path = step_path(out, step)
+    written = False
+    try:
+        save_atomic(obj, path)
+        written = True
+        link_atomic(path, latest_path(out))
+    except (OSError, RuntimeError) as exc:
+        if not _write_failed(exc):
+            raise
+        # Once the step file is renamed into place it is whole (fsynced, checksummed): it is the one to resume.
+        raise save_failure(exc, out, LATEST if written else path,
+                           os.path.getsize(path) if written else serialized_size(obj),
+                           path if written else previous) from exc
     for _, old in step_files(out)[:-keep_last]:
         os.unlink(old)  # checkpoint_best.pt keeps its own link to the file when it is the best
     return path
+
+
+def link_best(out: str, step: int) -> str:
+    """Point ``checkpoint_best.pt`` at step ``step``'s file; a failed write (a filesystem without hard links,
+    where it is a copy, and a full disk) is ``save_checkpoint``'s one-line ``MachineError``."""
+    path = step_path(out, step)
+    try:
+        return link_atomic(path, best_path(out))
+    except OSError as exc:
+        raise save_failure(exc, out, BEST, os.path.getsize(path), path) from exc
+
+
+# What a full filesystem raises while a checkpoint is written: OSError ENOSPC (EDQUOT past a quota) from a
+# write, or, from torch.save's zip writer, a RuntimeError "[enforce fail at inline_container.cc:...]" (it
+# swallows the OSError, which is left as the RuntimeError's context when the file is a Python file object).
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_ZIP_WRITER = ("inline_container.cc", "PytorchStreamWriter")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, newest first."""
+    seen: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and at not in seen:
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    return seen
+
+
+def _write_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed write of a file: an OSError, or torch's zip writer's RuntimeError (not one of
+    torch.save's other RuntimeErrors, which are bugs and keep their traceback)."""
+    return any(isinstance(e, OSError) or (isinstance(e, RuntimeError) and any(w in str(e) for w in _ZIP_WRITER))
+               for e in _chain(exc))
+
+
+class _ByteCounter:
+    """A file-like sink that keeps only how many bytes were written to it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def serialized_size(obj: dict[str, Any]) -> int:
+    """The exact size in bytes of the file ``save_atomic(obj, ...)`` writes, found by serializing into a byte
+    counter (no memory or disk taken: the full-disk message needs it after the disk refused the file)."""
+    counter = _ByteCounter()
+    content = _on_cpu({k: v for k, v in obj.items() if k != CHECKSUM})
+    # Any SHA-256 in hex has the same length, so a stand-in digest gives the same size without hashing.
+    torch.save({**content, CHECKSUM: "0" * 64}, cast(IO[bytes], counter))  # torch.save needs write() alone
+    return counter.size
+
+
+def save_failure(exc: BaseException, out: str, name: str, needed: int, previous: str | None) -> MachineError:
+    """The one-line error of a checkpoint write that failed (``exc``): a full disk with the bytes ``needed`` and
+    those free in ``out``, else the OS's reason; and ``previous``, the newest intact checkpoint, or that no
+    checkpoint has been written yet."""
+    target = os.path.basename(name)
+    try:
+        free: int | None = shutil.disk_usage(out).free
+    except OSError:
+        free = None
+    space = any(isinstance(e, OSError) and e.errno in NO_SPACE for e in _chain(exc))
+    if space or (free is not None and free < needed):
+        room = f"{free:,} are free" if free is not None else "the free space is unknown"
+        what = f"no space left to save {target} (it needs {needed:,} bytes, {room})"
+    else:
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else first
+        what = f"cannot save {target}: {reason}"
+    if previous is not None:
+        last = f"the last checkpoint, {os.path.basename(previous)}, is intact: free space, then rerun with --resume"
+    else:
+        last = ("no checkpoint has been written yet: free space, then rerun with --resume (it starts from the "
+                "beginning)")
+    return MachineError(f"--out {out}: {what}; {last}")
 
 
 def _candidates(out: str) -> list[str]:

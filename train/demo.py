@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """``python -m train demo``; returns the exit status (2 with a one-line message for usage and setup errors,
-    1 when the model did not learn)."""
+    1 with one for a failure of the machine such as a full disk, 1 when the model did not learn)."""
     from .main import print_summary
 
     try:
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
         summary = demo(args.out, workers=args.workers, threads=args.threads, extra=extra)
     except TrainError as exc:
         print(f"train demo: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
     print_summary(summary, per_class=True)
     if summary["eval"]["video_top1"] < 0.5:
         print("the demo model did not learn well enough (video top-1 < 50%)", file=sys.stderr)

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -356,6 +356,9 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                                           gpu=GpuStats(device) if info.is_main else None, heartbeat=heartbeat)
 
         saved_step = [state.step if resumed else -1]  # the step of the newest checkpoint in OUT
+        # The newest checkpoint known whole (written by this run, or the one resumed from): what a failed save's
+        # message names as intact, rather than any file in OUT (a damaged one the resume skipped may be newer).
+        intact = [found[0] if found is not None else None]
 
         def save(st: TrainState) -> None:
             # Every rank's RNG goes in, so each rank resumes its own dropout stream.
@@ -374,7 +377,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                     "sampler": {**position, "global_batch": cfg.global_batch},
                     "best": tracker.state_dict(),
                     "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
-                }, cfg.out, st.step, cfg.keep_last)
+                }, cfg.out, st.step, cfg.keep_last, previous=intact[0])
+            intact[0] = ckpt_io.step_path(cfg.out, st.step)  # every rank: each names it when its reader fails
 
         _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
                    f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
@@ -393,13 +397,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 raise TrainError("an evaluation needs --val-data")
             if heartbeat is not None:
                 heartbeat.phase("evaluating")
-            result = _eval_and_log(model, val, state, cfg, step_cfg, log, info, name)
+            result = _eval_and_log(model, val, state, cfg, step_cfg, log, info, name, lambda: intact[0])
             if heartbeat is not None:
                 heartbeat.phase("training")
             improved = tracker.update(result[1]["video_top1"], state.step)
             save(state)
             if improved and info.is_main:
-                ckpt_io.link_atomic(ckpt_io.step_path(cfg.out, state.step), ckpt_io.best_path(cfg.out))
+                ckpt_io.link_best(cfg.out, state.step)
             return result
 
         t_start = time.perf_counter()
@@ -410,7 +414,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 while state.epoch < cfg.epochs and not (cfg.max_steps and state.step >= cfg.max_steps):
                     data.set_epoch(state.epoch)
                     data.set_position(state.epoch_step * batch_size)
-                    with reading("--data", cfg.data, lambda: state.step):
+                    with reading("--data", cfg.data, lambda: state.step, lambda: intact[0]):
                         stopped = train_one_epoch(wrapped, ddp, criterion, optimizer, scheduler, scaler, data,
                                                   state, step_cfg, log, save, world_size=info.world_size)
                     if stopped:
@@ -506,8 +510,11 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, step_cfg: StepConfig,
-                  log: MetricsLog, info: dist.DistInfo, name: str) -> tuple[int, dict, dict]:
-    with reading("--val-data", cfg.val_data or ""):
+                  log: MetricsLog, info: dist.DistInfo, name: str,
+                  last: Callable[[], str | None]) -> tuple[int, dict, dict]:
+    """Evaluate on --val-data at this step, log it, save its files and print its line (``last``: the run's
+    newest intact checkpoint, which a store that stops answering names)."""
+    with reading("--val-data", cfg.val_data or "", lambda: state.step, last):
         result = evaluate(model, val, step_cfg.device, step_cfg.amp_dtype, channels_last=step_cfg.channels_last,
                           downsample=step_cfg.downsample, progress=step_cfg.progress, stop=step_cfg.stop)
     files: dict[str, str] = {}
@@ -521,12 +528,13 @@ def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 with a one-line message for usage and setup errors)."""
+    """Entry point; returns the exit status (2 with a one-line message for usage and setup errors, 1 with one for
+    a failure of the machine such as a full disk: ``MachineError``)."""
     try:
         summary = run_argv(argv)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
     if summary.get("is_main"):
         print_summary(summary)
     return 0

@@ -9,6 +9,7 @@ text, which is reduced here to one line.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 from collections.abc import Callable, Iterator
@@ -57,15 +58,33 @@ def _worker_death(exc: RuntimeError) -> tuple[str, str | None] | None:
     return None if pids is None else (pids, sig)
 
 
+def _stopped(step: Callable[[], int] | None, last: Callable[[], str | None] | None) -> str:
+    """What a store that stopped answering left behind: a training run's step and its newest intact checkpoint
+    (``last`` gives None when none has been written yet), or, outside a training run, nothing to resume."""
+    if step is None:  # python -m train eval: no run, no checkpoint of its own
+        return "rerun once the store answers"
+    newest = last() if last is not None else None
+    if newest is None:
+        # Saying "its last checkpoint is intact" here would send the user looking for a file that is not there.
+        return (f"the run stopped at step {step()} (no checkpoint has been written yet: rerun with --resume once "
+                f"the store answers, it starts from the beginning)")
+    return (f"the run stopped at step {step()} (its last checkpoint, {os.path.basename(newest)}, is intact: "
+            f"--resume continues once the store answers)")
+
+
 @contextlib.contextmanager
-def reading(flag: str, root: str, step: Callable[[], int] | None = None) -> Iterator[None]:
+def reading(flag: str, root: str, step: Callable[[], int] | None = None,
+            last: Callable[[], str | None] | None = None) -> Iterator[None]:
     """Errors of the readers while batches are read, as one-line TrainErrors naming what to do.
 
     A damaged clip (a CRC mismatch with ``--verify-data``, a label outside the
     classes, an undecodable payload) names its shard and clip; a DataLoader
     worker process killed by a signal (SIGBUS from a damaged LMDB page or a
     full /dev/shm, SIGSEGV) is named with the signal instead of torch's
-    traceback, which blames shared memory alone.
+    traceback, which blames shared memory alone. A training run passes
+    ``step`` (the step it reached) and ``last`` (its newest intact
+    checkpoint, None before the first), which a store that stops answering
+    names.
     """
     verify = f"python -m convert verify {root} checks the shards for damage"
     try:
@@ -73,9 +92,7 @@ def reading(flag: str, root: str, step: Callable[[], int] | None = None) -> Iter
     except RemoteError as exc:
         # A URL that stayed unreachable through the retries, or refuses us: the run stops at the step it reached,
         # its checkpoints untouched, and --resume continues once the store answers again.
-        at = f" at step {step()}" if step is not None else ""
-        raise TrainError(f"{flag}: {_original_message(exc)}; the run stopped{at} (its last checkpoint is intact: "
-                         f"--resume continues)") from exc
+        raise TrainError(f"{flag}: {_original_message(exc)}; {_stopped(step, last)}") from exc
     except FormatError as exc:
         raise TrainError(f"{flag} {root}: {_original_message(exc)} ({verify})") from exc
     except RuntimeError as exc:
