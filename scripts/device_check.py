@@ -1,4 +1,5 @@
-"""GPU check for the trainer: full-size C3D from synthetic LMDB shards, bf16 and fp16, one table.
+"""GPU check for the trainer: a full-size network (``--model``, C3D by default) from synthetic LMDB shards, bf16
+and fp16, one table.
 
     python scripts/device_check.py            # on a CUDA machine (about 6 minutes on one H200; stops at 7.5)
     python scripts/device_check.py --smoke    # anywhere: tiny width and steps, CPU-only configurations
@@ -12,12 +13,13 @@ trains with ``--batch-size auto`` (the trainer's probe: largest batch within
 and DALI (when ``nvidia.dali`` imports) reuse that batch, so the three
 loaders are compared at one batch. Each trains ``--steps`` optimizer
 steps; the table gives clips/s, model FLOPs utilisation against the GPU's
-dense bf16 peak (C3D: ~38.5 GMACs forward per 16x112x112 clip, so ~231e9 FLOP
-forward + backward), the fraction of step time spent waiting for data, peak
-memory, GPU utilisation from NVML (when ``nvidia-ml-py`` is installed) and
-the batch. Results also go to WORK/device_check.json. A configuration that
-would start after ``--budget-s`` seconds is skipped (and said so), so the
-whole check stays within its 8 minutes however slow the machine.
+dense bf16 peak (the model's FLOPs per clip counted by
+``train.models.flops_per_clip``, times 3 for forward and backward), the
+fraction of step time spent waiting for data, peak memory, GPU utilisation
+from NVML (when ``nvidia-ml-py`` is installed) and the batch. Results also
+go to WORK/device_check.json. A configuration that would start after
+``--budget-s`` seconds is skipped (and said so), so the whole check stays
+within its 8 minutes however slow the machine.
 """
 
 from __future__ import annotations
@@ -40,11 +42,10 @@ from convert.plan import ConvertConfig  # noqa: E402
 from convert.synth import synthetic_conversions  # noqa: E402
 from loaders.dali import missing as dali_missing  # noqa: E402
 from train import TrainError  # noqa: E402
+from train.gpustats import PEAKS  # noqa: E402
+from train.gpustats import peak_flops as gpu_peak  # noqa: E402
 from train.main import run_argv  # noqa: E402
-
-FLOP_PER_CLIP = 231e9  # forward + backward, 16x112x112, full width
-# Dense bf16 tensor-core peaks (FLOP/s) by GPU name; --peak-tflops for others.
-PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+from train.models import MODELS, flops_per_clip  # noqa: E402
 
 
 def peak_flops(device: torch.device, given: float | None) -> float | None:
@@ -53,8 +54,12 @@ def peak_flops(device: torch.device, given: float | None) -> float | None:
         return given * 1e12
     if device.type != "cuda":
         return PEAKS["H200"]  # the smoke run still prints the formula's numbers
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAKS.items() if k in name), None)
+    return gpu_peak(device)
+
+
+def step_flops(opts: argparse.Namespace) -> float:
+    """FLOPs of one clip's training step (3 forward passes) of ``--model`` at the check's width and crop."""
+    return 3.0 * flops_per_clip(opts.model, clip_len=opts.clip_len, crop_size=opts.crop, width=opts.width)
 
 
 def run_config(data: str, work: str, loader: str, amp: str, batch: int | str, opts: argparse.Namespace,
@@ -62,7 +67,8 @@ def run_config(data: str, work: str, loader: str, amp: str, batch: int | str, op
     """One trainer run; its speed, memory and batch as a table row (``error`` when it failed)."""
     out = os.path.join(work, f"run_{loader}_{amp}")
     argv = ["--data", data, "--out", out, "--overwrite", "--loader", loader, "--amp", amp,
-            "--model-width", str(opts.width), "--crop-size", str(opts.crop), "--batch-size", str(batch),
+            "--model", opts.model, "--clip-len", str(opts.clip_len), "--model-width", str(opts.width),
+            "--crop-size", str(opts.crop), "--batch-size", str(batch),
             "--max-steps", str(opts.steps), "--epochs", "1000", "--eval-every", "0", "--log-every",
             str(opts.log_every), "--no-progress", "--no-tensorboard", "--lr", "0.003",
             # Speed only: no LR scaling or warm-up to the large auto batch (an lr of ~0.1 could diverge,
@@ -82,9 +88,7 @@ def run_config(data: str, work: str, loader: str, amp: str, batch: int | str, op
                final_loss=s.get("final_loss"), nonfinite=s.get("nonfinite_steps", 0),
                max_batch=(s.get("auto_batch") or {}).get("batch"))
     if row["clips_per_s"] is not None and opts.peak:
-        # Work per clip scales with width^2 (channels in x out) and crop area; exact at width 1 and crop 112.
-        flop = FLOP_PER_CLIP * opts.width ** 2 * (opts.crop / 112) ** 2
-        row["mfu"] = row["clips_per_s"] * flop / opts.peak
+        row["mfu"] = row["clips_per_s"] * opts.step_flops / opts.peak
     gc.collect()  # drop the run's model and optimizer before the next configuration
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -127,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=450.0,
                    help="skip the configurations that would start after this many seconds (default 450, so the "
                         "check ends within 8 minutes)")
+    p.add_argument("--model", default="c3d", choices=tuple(MODELS),
+                   help="the network (train.models.MODELS; default c3d), at 16 frames and its own crop")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: from its name, e.g. H200 989)")
     return p
@@ -141,7 +147,9 @@ def main() -> int:
         return 2
     device = torch.device("cuda" if cuda else "cpu")
     cores = max(cpu_count(), 2)
-    opts.width, opts.crop = (1.0, 112) if not opts.smoke else (0.0625, 32)
+    opts.width, opts.crop = (1.0, MODELS[opts.model].crop_size) if not opts.smoke else (0.0625, 32)
+    opts.clip_len = 16  # what the synthetic conversion stores
+    opts.step_flops = step_flops(opts)
     opts.steps = opts.steps or (20 if not opts.smoke else 4)
     opts.batch = opts.batch or ("auto" if cuda else "8")
     opts.log_every = 5 if not opts.smoke else 2
@@ -154,7 +162,8 @@ def main() -> int:
     else:
         # Full size: 5 classes x 24 videos of 12 s, about 2,600 clips of 16x128x171 (2.7 GB raw), more than
         # the largest batch a 141 GB GPU holds, so the auto batch gives at least one step per epoch.
-        size = (128, 171) if not opts.smoke else (40, 52)
+        # 128x171 frames for the 112 crops of C3D and the ResNets; 256x341 (short side 256) for I3D's 224.
+        size = (40, 52) if opts.smoke else (128, 171) if opts.crop <= 128 else (256, 341)
         per_class, seconds = (24, 12.0) if not opts.smoke else (2, 2.0)
         data = synthetic_conversions(opts.work, {"train": ConvertConfig(size=size)}, per_class=per_class,
                                      seconds=seconds, workers=cores)["train"]
@@ -183,12 +192,13 @@ def main() -> int:
         rows.append({"loader": "dali", "amp": "-", "batch": "-", "error": "nvidia.dali not importable: skipped"})
     print()
     peak = f"{opts.peak:.3g} FLOP/s" if opts.peak else "unknown peak (pass --peak-tflops)"
-    print(f"C3D width {opts.width}, crop {opts.crop}, {opts.steps} steps per configuration; "
-          f"MFU = clips/s x {FLOP_PER_CLIP:.3g} FLOP x width^2 x (crop/112)^2 / {peak}")
+    print(f"{opts.model} width {opts.width}, {opts.clip_len}x{opts.crop}x{opts.crop}, {opts.steps} steps per "
+          f"configuration; MFU = clips/s x {opts.step_flops:.3g} FLOP (3 forward passes, counted) / {peak}")
     print(table(rows))
     with open(os.path.join(opts.work, "device_check.json"), "w") as f:
         json.dump({"device": str(device), "name": torch.cuda.get_device_name(device) if cuda else "cpu",
-                   "width": opts.width, "crop": opts.crop, "peak_flops": opts.peak, "rows": rows}, f, indent=1)
+                   "model": opts.model, "width": opts.width, "crop": opts.crop, "peak_flops": opts.peak,
+                   "rows": rows}, f, indent=1)
     print(f"total {time.perf_counter() - t0:.0f} s; results in {os.path.join(opts.work, 'device_check.json')}")
     failed = [r for r in rows if "error" in r and "skipped" not in r["error"]]
     return 1 if failed else 0

@@ -4,6 +4,7 @@ synthetic dataset."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -50,6 +51,27 @@ def videos(request) -> VideoSet:
     if request.param == "real":
         return VideoSet("real", SHARED_VIDEOS)
     return VideoSet("synthetic", request.getfixturevalue("stand_in_videos"))
+
+
+@pytest.fixture()
+def touch_video(videos):
+    """``touch_video(path)`` puts a copy of a small shared video (HEVC, 10 frames) at ``path``."""
+    def touch(path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        shutil.copyfile(videos.path("torchcodec__h265_video.mp4"), path)
+
+    return touch
+
+
+@pytest.fixture()
+def one_thread():
+    """torch's math on one thread for the test (steadier timings and rounding on a busy machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -111,6 +111,23 @@ def test_no_import_cycles_between_modules():
     assert cycle == [], " -> ".join(cycle)
 
 
+def test_nothing_outside_the_model_registry_names_a_network():
+    """The trainer, its evaluation, the probe, the benchmarks and the checks build networks through
+    ``train.models.build_model``: no module outside ``train/models/`` (nor a script or benchmark) imports a
+    network's own module, so a new entry needs no edit elsewhere."""
+    networks = ("train.models.c3d", "train.models.resnet3d", "train.models.i3d")
+    users = dict(_modules())
+    for folder in ("benchmarks", "scripts"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            if name.endswith(".py"):
+                users[f"{folder}.{name[:-3]}"] = os.path.join(ROOT, folder, name)
+    offenders = sorted(f"{module} imports {target}" for module, path in users.items()
+                       if not module.startswith("train.models")
+                       for target in _imports(module, path, run_time_only=False)
+                       if target.startswith(networks))
+    assert offenders == []
+
+
 def test_nothing_is_registered_at_import():
     """No fork hook, exit handler or signal handler is installed by importing a module of the packages."""
     hooks = ("register_at_fork", "atexit.register", "signal.signal")

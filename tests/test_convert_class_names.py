@@ -16,16 +16,6 @@ from .convert_helpers import run_cli
 TAIL = "class names are printed, and given back one a line through --classes: take it out of the name"
 
 
-@pytest.fixture()
-def touch_video(videos):
-    """``touch_video(path)`` puts a copy of a small shared video (HEVC, 10 frames) at ``path``."""
-    def touch(path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        shutil.copyfile(videos.path("torchcodec__h265_video.mp4"), path)
-
-    return touch
-
-
 @pytest.mark.parametrize("label, line, bad", [("\x1b[31mred", 3, "'\\x1b'"), ("a\nb", 4, "'\\n'")])
 def test_a_csv_label_with_a_control_character_is_refused_in_one_line_naming_the_csv_and_line(
         touch_video, tmp_path, label, line, bad):

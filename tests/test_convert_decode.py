@@ -402,14 +402,21 @@ def _still_then_video(path: str, *, still: bool = True, video: bool = True) -> s
             for packet in [*pic.encode(image), *pic.encode()]:
                 out.mux(packet)
         if vs is not None:
-            for k, picture in enumerate(stand_ins.pattern(STILL_FIRST, 48, 64, seed=7)):
-                frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
-                frame.pts = k
-                for packet in vs.encode(frame):
-                    out.mux(packet)
-            for packet in vs.encode():
-                out.mux(packet)
+            _mux_frames(out, vs, stand_ins.pattern(STILL_FIRST, 48, 64, seed=7))
     return path
+
+
+def _mux_frames(out, stream, pictures) -> None:
+    """Encode RGB ``pictures`` (one per frame, pts 0, 1, ...) into ``stream`` of container ``out``, and flush it."""
+    import av
+
+    for k, picture in enumerate(pictures):
+        frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+        frame.pts = k
+        for packet in stream.encode(frame):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
 
 
 def _bars(frames: np.ndarray) -> list[int]:
@@ -474,13 +481,7 @@ def test_the_largest_picture_is_the_video(tmp_path):
             stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         for stream, colour in ((small, (220, 20, 20)), (large, (20, 20, 220))):
             picture = np.zeros((stream.height, stream.width, 3), np.uint8) + np.array(colour, np.uint8)
-            for k in range(20):
-                frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
-                frame.pts = k
-                for packet in stream.encode(frame):
-                    out.mux(packet)
-            for packet in stream.encode():
-                out.mux(packet)
+            _mux_frames(out, stream, [picture] * 20)
     with VideoDecoder(path, FrameSpec(size=(48, 64))) as dec:
         frames = np.stack(list(dec))
         assert dec.stream_index == 1 and dec.damage is None and len(frames) == 20

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from .conftest import ROOT
+from .convert_helpers import signal_and_wait
 from .test_convert_restart import _committed_videos, _shard_content
 
 INTERRUPTED = "convert: interrupted; rerun the same command to continue\n"
@@ -83,16 +84,7 @@ def test_a_stop_signal_is_one_line_and_a_rerun_completes_the_job(synth_videos, c
     while proc.poll() is None and _committed_videos(out) == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert proc.poll() is None, "the job ended before it could be interrupted"
-    if to_group:
-        os.killpg(proc.pid, sig)
-    else:
-        os.kill(proc.pid, sig)
-    try:
-        stdout, stderr = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the job did not stop within 60 s of the signal")
+    stdout, stderr = signal_and_wait(proc, sig, to_group=to_group, timeout=60, what="the job")
     assert (proc.returncode, stderr, stdout) == (128 + sig, INTERRUPTED, "")
     deadline = time.monotonic() + 10
     while _session(proc.pid) and time.monotonic() < deadline:

@@ -16,16 +16,6 @@ from .conftest import ROOT
 from .convert_helpers import run_cli
 
 
-@pytest.fixture()
-def touch_video(videos):
-    """``touch_video(path)`` puts a copy of a small shared video (HEVC, 10 frames) at ``path``."""
-    def touch(path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        shutil.copyfile(videos.path("torchcodec__h265_video.mp4"), path)
-
-    return touch
-
-
 def _planned(root: str) -> tuple[list[tuple[str, int]], list[tuple[str, str, str]]]:
     """``from_folders(root)`` in a child process that must finish in 60 s: (id, label) of each item, and
     (id, status, reason) of each problem. A walk that follows a loop exponentially fails here, not hangs."""

@@ -15,16 +15,6 @@ from convert.sources import SourceError, from_csv, from_folders, from_list, load
 CSV_HEADER = "label,youtube_id,time_start,time_end,split\n"
 
 
-@pytest.fixture()
-def touch_video(videos):
-    """``touch_video(path)`` puts a copy of a small shared video (HEVC, 10 frames) at ``path``."""
-    def touch(path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        shutil.copyfile(videos.path("torchcodec__h265_video.mp4"), path)
-
-    return touch
-
-
 def test_csv_flat_and_class_folder_layouts(touch_video, tmp_path):
     root = tmp_path / "videos"
     touch_video(str(root / "abc_000010_000020.mp4"))                       # flat

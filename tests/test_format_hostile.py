@@ -25,6 +25,7 @@ from convert.format.lmdb import HANDLES, clip_key, done_key
 from convert.format.verify import verify
 
 from .conftest import ROOT
+from .convert_helpers import signal_and_wait
 from .loaders_fixtures import converted, copy_conversion, loader_base, raw_root, rewrite_value  # noqa: F401
 
 
@@ -403,13 +404,7 @@ def test_a_stop_signal_during_verify_is_one_line_and_no_checker_is_left(raw_root
                 break
         time.sleep(0.05)
     time.sleep(0.3)  # the checkers are past their start
-    (os.killpg if to_group else os.kill)(proc.pid, sig)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("verify did not stop within 30 s of the signal")
+    out, err = signal_and_wait(proc, sig, to_group=to_group, timeout=30, what="verify")
     assert err == "verify: interrupted; nothing was changed (run verify again)\n" and out == ""
     assert proc.returncode == 128 + sig
     time.sleep(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 from train import checkpoint as ckpt_io
 from train.main import run_argv
 from train.metrics import read_metrics
+from train.models import MODELS
 
 from .train_fixtures import (  # noqa: F401
     ROOT,
@@ -126,8 +128,6 @@ def test_sigterm_ends_a_slow_step_within_a_layer_and_resumes_exactly(tiny_data, 
     """A SIGTERM in the middle of step 2's backward pass (after its forward updated BatchNorm's statistics and
     drew dropout masks) ends the run within a slow layer, not after the step; the checkpoint is step 1's, with the
     RNG and buffers of step 2's start, and the resumed run ends on the weights of an unbroken one."""
-    import train.main
-
     args = ARGS + ["--bn", "--epochs", "1", "--ckpt-every", "0"]
     run_argv(common(tiny_data, tmp_path / "a") + args)
     calls: list[float] = []
@@ -149,7 +149,7 @@ def test_sigterm_ends_a_slow_step_within_a_layer_and_resumes_exactly(tiny_data, 
 
     out = tmp_path / "b"
     with monkeypatch.context() as patch:
-        patch.setattr(train.main, "C3D", slow_c3d(calls, SLOW_S))
+        patch.setitem(MODELS, "c3d", dataclasses.replace(MODELS["c3d"], builder=slow_c3d(calls, SLOW_S)))
         patch.setattr(ckpt_io, "save_checkpoint", timed_save)
         timer = threading.Thread(target=sigterm_in_step_2_backward, daemon=True)
         timer.start()

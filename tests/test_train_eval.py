@@ -13,7 +13,7 @@ from train.data import build_eval_data
 from train.dist import DistInfo
 from train.engine import evaluate
 from train.main import run_argv
-from train.model import C3D
+from train.models.c3d import C3D
 from train.protocols import multiview_items
 
 from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401

@@ -12,7 +12,7 @@ from loaders.presets import KINETICS_MEAN, KINETICS_STD
 from train import checkpoint as ckpt_io
 from train.evalcmd import main as eval_main
 from train.main import run_argv
-from train.model import C3D
+from train.models.c3d import C3D
 
 from .train_fixtures import common, tiny_data  # noqa: F401
 

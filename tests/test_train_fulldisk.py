@@ -137,6 +137,19 @@ def _temporaries(folder: str) -> list[str]:
     return [name for name in os.listdir(folder) if ".tmp." in name]
 
 
+def _full_disk_run(tiny_data: str, small_disk, capsys, limit: int, step: int) -> tuple[str, str, int, int]:
+    """Train into ``small_disk`` limited to ``limit`` bytes: the run fails (exit 1) saving step ``step``; (out,
+    the error line, the bytes it says the checkpoint needs, the bytes it says are free)."""
+    small_disk.limit(limit)
+    out = os.path.join(small_disk.dir, "run")
+    capsys.readouterr()
+    assert main(common(tiny_data, out) + ARGS) == 1
+    err = _error_line(capsys)
+    assert err.startswith(f"--out {out}: no space left to save checkpoint_step{step:09d}.pt"), err
+    needed, free = _numbers(err, r"it needs ([\d,]+) bytes, ([\d,]+) are free")
+    return out, err, needed, free
+
+
 def _numbers(text: str, pattern: str) -> tuple[int, int]:
     m = re.search(pattern, text)
     assert m, text
@@ -146,13 +159,8 @@ def _numbers(text: str, pattern: str) -> tuple[int, int]:
 def test_a_full_disk_at_the_second_save_is_one_line_and_resume_is_exact(tiny_data, reference, small_disk,  # noqa: F811
                                                                          capsys):
     model, size = reference
-    small_disk.limit(size + size // 2)  # one checkpoint and the metrics fit, a second one does not
-    out = os.path.join(small_disk.dir, "run")
-    capsys.readouterr()
-    assert main(common(tiny_data, out) + ARGS) == 1
-    err = _error_line(capsys)
-    assert err.startswith(f"--out {out}: no space left to save checkpoint_step000000002.pt"), err
-    needed, free = _numbers(err, r"it needs ([\d,]+) bytes, ([\d,]+) are free")
+    # One checkpoint and the metrics fit, a second one does not.
+    out, err, needed, free = _full_disk_run(tiny_data, small_disk, capsys, size + size // 2, 2)
     assert needed == ckpt_io.serialized_size(ckpt_io.load(ckpt_io.step_path(out, 1)))  # the same size at step 2
     assert free == shutil.disk_usage(out).free
     if small_disk.mounted:
@@ -170,13 +178,7 @@ def test_a_full_disk_at_the_second_save_is_one_line_and_resume_is_exact(tiny_dat
 def test_a_full_disk_at_the_first_save_says_no_checkpoint_was_written(tiny_data, reference, small_disk,  # noqa: F811
                                                                       capsys):
     model, size = reference
-    small_disk.limit(size // 2)
-    out = os.path.join(small_disk.dir, "run")
-    capsys.readouterr()
-    assert main(common(tiny_data, out) + ARGS) == 1
-    err = _error_line(capsys)
-    assert err.startswith(f"--out {out}: no space left to save checkpoint_step000000001.pt"), err
-    needed, free = _numbers(err, r"it needs ([\d,]+) bytes, ([\d,]+) are free")
+    out, err, needed, free = _full_disk_run(tiny_data, small_disk, capsys, size // 2, 1)
     assert abs(needed - size) < 64 and free == shutil.disk_usage(out).free
     assert "intact" not in err and "; no checkpoint has been written yet: free space, then rerun with --resume" in err
     assert _temporaries(out) == [] and ckpt_io.step_files(out) == []

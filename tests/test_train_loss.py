@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
-import train.main
 from train import checkpoint as ckpt_io
 from train.data import build_train_data
 from train.dist import DistInfo
 from train.engine import StepConfig, TrainState, model_input, train_one_epoch
 from train.main import main, run_argv
 from train.metrics import MetricsLog, read_metrics
-from train.model import C3D
+from train.models import MODELS
+from train.models.c3d import C3D
 
 from .train_fixtures import common, cpu_config, tiny_data  # noqa: F401
 
@@ -59,7 +61,7 @@ class _NanAt(C3D):
 
 
 def test_nonfinite_loss_stops_fp32_run_naming_the_step(tiny_data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train.main, "C3D", _NanAt)
+    monkeypatch.setitem(MODELS, "c3d", dataclasses.replace(MODELS["c3d"], builder=_NanAt))
     out = tmp_path / "nan"
     code = main(common(tiny_data, out) + ["--epochs", "2", "--batch-size", "8", "--ckpt-every", "1"])
     err = capsys.readouterr().err.strip()

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from train.model import C3D, count_parameters, feature_shape, load_for_finetuning, scaled
+from train.models import count_parameters, load_for_finetuning, scaled
+from train.models.c3d import C3D, CLASSIFIER_PREFIX, feature_shape
 
 
 @pytest.mark.parametrize("classes, expected", [(101, 78_409_573), (400, 79_634_576), (487, 79_991_015)])
@@ -62,25 +63,17 @@ def test_finetune_load_reinitialises_classifier_only():
     state = {"module." + k: v for k, v in src.state_dict().items()}  # as saved from a DDP wrapper
     torch.manual_seed(1)
     dst = C3D(3, width=0.0625, crop_size=32)
-    left = load_for_finetuning(dst, state)
+    left = load_for_finetuning(dst, state, classifier=CLASSIFIER_PREFIX)
     assert left == ["fc8.bias", "fc8.weight"]
     assert torch.equal(dst.features.conv1.weight, src.features.conv1.weight)
     assert torch.equal(dst.fc7.weight, src.fc7.weight)
     assert dst.fc8.weight.shape == (3, dst.fc7.out_features)
     same = C3D(10, width=0.0625, crop_size=32)
-    assert load_for_finetuning(same, state) == []
+    assert load_for_finetuning(same, state, classifier=CLASSIFIER_PREFIX) == []
     assert torch.equal(same.fc8.weight, src.fc8.weight)
     wider = C3D(3, width=0.125, crop_size=32)
     with pytest.raises(ValueError, match="does not fit"):
-        load_for_finetuning(wider, state)
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # steadier on a busy machine
-    yield
-    torch.set_num_threads(before)
+        load_for_finetuning(wider, state, classifier=CLASSIFIER_PREFIX)
 
 
 def test_bf16_autocast_gradients_match_float32_on_cpu(one_thread):

@@ -111,7 +111,8 @@ def test_eval_usage_errors_are_one_line(tmp_path, capsys, argv, message):
 def test_settings_added_later_are_declared_with_the_value_old_checkpoints_load_with():
     assert added_later(TrainConfig) == {"order": "random", "order_block": 64, "order_window": 16, "order_shards": 4,
                                         "force_resume": False, "pad_last_batch": False, "cache_dir": None,
-                                        "cache_limit": None}
+                                        "cache_limit": None, "model": "c3d", "inflate_from": None,
+                                        "crop_scales": None}
 
 
 def test_a_config_checks_what_its_declarations_say():

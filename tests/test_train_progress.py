@@ -3,22 +3,23 @@ interval: a log never goes quiet long enough to read as a hang."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 
 import train.heartbeat
 from train.heartbeat import Heartbeat
 from train.main import run_argv
+from train.models import MODELS
 
 from .train_fixtures import common, slow_c3d, tiny_data  # noqa: F401
 
 
 def test_progress_lines_at_a_fixed_interval_when_stdout_is_not_a_terminal(tiny_data, tmp_path, monkeypatch,
                                                                           capsys):
-    import train.main
-
     monkeypatch.setattr(train.heartbeat, "HEARTBEAT_S", 0.25)
-    monkeypatch.setattr(train.main, "C3D", slow_c3d([], 0.15))  # 1.2 s per step: several lines per step
+    slow = dataclasses.replace(MODELS["c3d"], builder=slow_c3d([], 0.15))  # 1.2 s per step: several lines per step
+    monkeypatch.setitem(MODELS, "c3d", slow)
     argv = [a for a in common(tiny_data, tmp_path / "run") if a != "--no-progress"]
     run_argv(argv + ["--batch-size", "8", "--epochs", "1", "--max-steps", "2"])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("progress: ")]

@@ -196,7 +196,7 @@ def test_a_malicious_checkpoint_is_refused_everywhere_in_one_line(tiny_data, tmp
     evil = ckpt_io.latest_path(str(out))
     torch.save({"model": {"w": torch.zeros(1)}, "payload": _Payload(marker)}, evil)
     expected = (f"checkpoint {evil} holds the Python object os.makedirs, which loading with weights_only=True "
-                f"refuses (a checkpoint holds tensors and plain values only; a file that needs more may run code "
+                f"refuses (a file of weights holds tensors and plain values only; one that needs more may run code "
                 f"when loaded)")
     assert _eval(evil, tiny_data) == 2
     assert capsys.readouterr().err == f"train eval: error: {expected}\n"

@@ -129,13 +129,14 @@ class _SlowLayer(nn.Module):
         self.seconds = seconds
 
     def forward(self, x):
-        return _Sleep.apply(x, self.seconds)
+        # On the meta device (the trainer counting FLOPs at start) nothing runs, so nothing sleeps.
+        return x if x.is_meta else _Sleep.apply(x, self.seconds)
 
 
 def slow_c3d(calls: list[float], seconds: float):
-    """A C3D class (for monkeypatching ``train.main.C3D``) with four slow identity layers of ``seconds`` each way:
-    no weights of their own, so its state dict is C3D's. ``calls`` gets the time of each forward."""
-    from train.model import C3D
+    """A C3D class (patched in as the registry's ``c3d`` builder) with four slow identity layers of ``seconds``
+    each way: no weights of their own, so its state dict is C3D's. ``calls`` gets the time of each forward."""
+    from train.models.c3d import C3D
 
     class SlowC3D(C3D):
         def __init__(self, *args, **kwargs) -> None:
@@ -148,7 +149,8 @@ def slow_c3d(calls: list[float], seconds: float):
             self.features = nn.Sequential(layers)
 
         def forward(self, x):
-            calls.append(time.monotonic())
+            if not x.is_meta:  # the trainer's FLOP count at start is not a step
+                calls.append(time.monotonic())
             return super().forward(x)
 
     return SlowC3D

@@ -1,6 +1,7 @@
-"""C3D training on converted clip shards: ``python -m train`` or ``torchrun ... -m train``.
+"""Training video networks on converted clip shards: ``python -m train`` or ``torchrun ... -m train``.
 
-Modules: ``model`` (C3D), ``dist`` (process group), ``options`` (declaring a
+Modules: ``models`` (the networks: C3D, torchvision's video ResNets, I3D-R50;
+the registry behind ``--model`` and ``build_model``), ``dist`` (process group), ``options`` (declaring a
 setting once: its option, its checks), ``config`` (the run's frozen
 ``TrainConfig``, on whose fields every option is declared), ``args`` (the
 command line, and ``resolve_config``: options, machine and data into a

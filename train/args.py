@@ -19,6 +19,7 @@ from .config import TrainConfig
 from .data import DataShape, cache_settings, check_dataset, dataset_info, epoch_share
 from .dist import DistInfo
 from .errors import TrainError
+from .models import model_spec
 from .options import OneLineParser, add_options, settings
 
 
@@ -26,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     """``python -m train``'s parser: every option declared on ``TrainConfig``; a usage error is one TrainError."""
     p = OneLineParser(
         prog="python -m train",
-        description="Train C3D on converted clip shards. One process: python -m train --data OUT; "
+        description="Train a video network (--model: C3D by default) on converted clip shards. One process: "
+                    "python -m train --data OUT; "
                     "several: torchrun --nproc_per_node N -m train --data OUT. "
                     "`python -m train demo` runs the synthetic end-to-end demo; `python -m train eval --checkpoint "
                     "CKPT --data OUT` evaluates a checkpoint.")
@@ -44,6 +46,22 @@ def default_workers(loader: str) -> int:
     return max(0, min(8, threads - 1))
 
 
+def crop_size(args: argparse.Namespace) -> int:
+    """``--crop-size``, or when not given the crop the ``--model`` is specified for (112; 224 for i3d_r50)."""
+    return args.crop_size if args.crop_size is not None else model_spec(args.model).crop_size
+
+
+def check_model_input(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before any data is read, a ``--clip-len`` or ``--crop-size`` (after
+    ``--downsample``) smaller than the ``--model`` takes. A clip length left to the data is checked when the
+    model is built, still before a clip is read."""
+    crop = crop_size(args)
+    problem = model_spec(args.model).input_problem(args.clip_len, crop // max(args.downsample, 1))
+    if problem is not None:
+        clip = f"--clip-len {args.clip_len} " if args.clip_len is not None else ""
+        raise TrainError(f"{clip}--crop-size {crop} --downsample {args.downsample}: {problem}")
+
+
 def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | None = None) -> TrainConfig:
     """The run's ``TrainConfig`` from ``python -m train``'s parsed options, for this process.
 
@@ -59,14 +77,17 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         check_dataset(args.val_data, "--val-data")
     if args.finetune and not os.path.isfile(args.finetune):
         raise TrainError(f"--finetune {args.finetune}: no such file")
+    if args.inflate_from and not os.path.isfile(args.inflate_from):
+        raise TrainError(f"--inflate-from {args.inflate_from}: no such file")
+    crop = crop_size(args)
     cache = cache_settings(args)
-    shape = shape or dataset_info(root, args.crop_size, cache=cache)
+    shape = shape or dataset_info(root, crop, cache=cache)
     if args.clip_len is not None and args.clip_len > shape.clip_len:
         raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
                          f"frames)")
     clip_len = args.clip_len or shape.clip_len
     if args.val_data:
-        val_shape = dataset_info(args.val_data, args.crop_size, "--val-data", cache=cache)
+        val_shape = dataset_info(args.val_data, crop, "--val-data", cache=cache)
         if val_shape.clip_len < clip_len:
             raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
                              f"{clip_len}")
@@ -77,7 +98,7 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
                                clips_per_video=args.clips_per_video, seed=args.seed, info=info)
     auto = args.batch_size == "auto"
     given.update(
-        clip_len=clip_len, device=str(device), dist_backend=info.backend,
+        clip_len=clip_len, crop_size=crop, device=str(device), dist_backend=info.backend,
         amp=args.amp or ("off" if device.type != "cuda" else "bf16"),
         workers=default_workers(args.loader) if args.workers is None else args.workers,
         batch_size=None, auto_batch=auto, world_size=info.world_size, epoch_samples=samples, pad_last_batch=pad,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import pickle
 import random
 import re
 import shutil
@@ -57,6 +56,7 @@ import torch
 from .config import TrainConfig
 from .errors import MachineError, TrainError
 from .options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, on_resume, settings
+from .safeload import load_weights_only
 
 LATEST = "checkpoint.pt"
 CHECKSUM = "content_sha256"  # the key save_atomic adds: the SHA-256 of everything else in the file
@@ -392,7 +392,6 @@ def remove_stale_temps(out: str) -> list[str]:
     return stale
 
 
-_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
 def _read(path: str) -> Any:
@@ -400,17 +399,9 @@ def _read(path: str) -> Any:
     if not os.path.isfile(path):
         raise TrainError(f"checkpoint {path} not found")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # holds more than tensors and plain containers
-        # torch's message is a paragraph on how to load the file anyway; only the name it refuses is kept.
-        named = _REFUSED_GLOBAL.search(str(exc))
-        what = f"the Python object {named.group(1)}" if named else "Python objects"
-        raise TrainError(f"checkpoint {path} holds {what}, which loading with weights_only=True refuses (a "
-                         f"checkpoint holds tensors and plain values only; a file that needs more may run code "
-                         f"when loaded)") from exc
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise TrainError(f"checkpoint {path} cannot be read: {first}") from exc
+        return load_weights_only(path)
+    except ValueError as exc:
+        raise TrainError(f"checkpoint {path} {exc}") from exc
 
 
 def load(path: str, *, say: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from loaders.dali.sharding import epoch_steps
 from loaders.sampler import ORDERS
 
 from .errors import TrainError
+from .models import MODELS, model_spec
 from .options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
 from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
@@ -62,7 +63,9 @@ class TrainConfig:
     The fields are the options of ``python -m train`` under their argparse
     names (``--crop-size`` is ``crop_size``), with the machine's and the data's
     defaults filled in (``device``, ``amp``, ``workers``, ``clip_len``,
-    ``dist_backend``; ``loader`` without its old alias), plus what the run
+    ``dist_backend``; ``loader`` without its old alias; ``crop_size`` and
+    ``dropout``, when not given, the ``--model``'s, which the config fills in
+    itself), plus what the run
     derives: ``world_size`` (processes), ``epoch_samples`` (clips each rank
     trains on per epoch), ``pad_last_batch`` (the loader pads an epoch's last
     batch rather than dropping it), ``steps_per_epoch``, ``eval_batch_size``
@@ -103,7 +106,8 @@ class TrainConfig:
               "and clip (without it, a flipped byte is trained on silently). Costs a few per cent of the "
               "loader's speed (docs/benchmarks.md); python -m convert verify DATA checks whole shards once",
         default=False, on_resume=FREE)
-    crop_size: int = option(DATA, "square crop fed to the model (default 112)", default=112, ge=1, on_resume=SHAPE)
+    crop_size: int = option(DATA, "square crop fed to the model (default: the model's, 112; 224 for i3d_r50)", ge=1,
+                            on_resume=SHAPE)
     clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1, on_resume=SHAPE)
     downsample: int = option(
         DATA, "average-pool the crop spatially by this factor on the device (default 1: off; the "
@@ -134,16 +138,33 @@ class TrainConfig:
         DATA, "with --order shards: shards read at a time (default 4; that many whole shards, and the next "
               "window's, should fit in the shard cache)", default=4, ge=1, added_later=4, on_resume=ORDER)
     no_flip: bool = option(DATA, "no random horizontal flip in training", default=False)
+    crop_scales: str | None = option(
+        DATA, "training crops of several scales, as mmaction2's MultiScaleCrop: a square of one of these fractions "
+              "of the frame's short side (drawn per clip, e.g. 1,0.875,0.75,0.66), at a random place, resized to "
+              "--crop-size (default: a --crop-size square cut as it is)", metavar="S,S,...", added_later=None)
     # -- model ------------------------------------------------------------------
+    # Checkpoints written before the registry are C3D's.
+    model: str = option(
+        MODEL, "the network (train.models.MODELS): c3d (default; Tran et al. 2015), r3d_18, mc3_18, r2plus1d_18 "
+               "(torchvision's video ResNets, its parameter names) or i3d_r50 (mmaction2's I3D-R50; "
+               "--inflate-from ImageNet ResNet-50 weights)", default="c3d", choices=tuple(MODELS),
+        added_later="c3d", on_resume=SHAPE)
     model_width: float = option(
-        MODEL, "multiplier on conv channels and fc width (default 1.0: the paper's C3D)", default=1.0, gt=0.0,
-        on_resume=SHAPE)
-    bn: bool = option(MODEL, "BatchNorm3d after every convolution (off in the paper)", default=False, on_resume=SHAPE)
-    sync_bn: bool = option(MODEL, "with --bn under torchrun: batch statistics over all ranks", default=False)
-    dropout: float = option(MODEL, "dropout after fc6 and fc7 (default 0.5)", default=0.5, ge=0.0, lt=1.0)
+        MODEL, "multiplier on every channel count (and C3D's fc width); default 1.0: the published network",
+        default=1.0, gt=0.0, on_resume=SHAPE)
+    bn: bool = option(MODEL, "c3d: BatchNorm3d after every convolution (off in the paper; the other models have it "
+                             "always)", default=False, on_resume=SHAPE)
+    sync_bn: bool = option(MODEL, "under torchrun, BatchNorm's batch statistics over all ranks (a model with "
+                                  "BatchNorm: --bn, or any but c3d)", default=False)
+    dropout: float = option(MODEL, "dropout before the classifier (c3d: after fc6 and fc7); default: the model's, "
+                                   "0.5 for c3d and i3d_r50, 0 for the ResNets", ge=0.0, lt=1.0)
     finetune: str | None = option(
         MODEL, "start from these weights; the classifier is re-initialised when the class count differs",
-        metavar="CKPT", on_resume=FREE)
+        metavar="CKPT", exclusive="init", on_resume=FREE)
+    inflate_from: str | None = option(
+        MODEL, "i3d_r50: start from a 2-D ResNet-50 state dict (torchvision's names, e.g. its ImageNet weights), "
+               "each kernel repeated over time / depth, BatchNorm copied; the classifier stays new",
+        metavar="PATH", exclusive="init", added_later=None, on_resume=FREE)
     compile: bool = option(MODEL, "torch.compile the model (slower start, faster steps)", default=False)
     channels_last: bool = option(
         MODEL, "channels_last_3d weights and inputs (CUDA only; usually faster convolutions with AMP)", default=False)
@@ -269,6 +290,7 @@ class TrainConfig:
     lr_plan: LrPlan | None = derived()  # noqa: RUF009 - a declaration (train.options), not a shared default
 
     def __post_init__(self) -> None:
+        self._model_defaults()
         check_settings(self)  # each field as declared above, and the exclusive options
         self._check_combinations()
 
@@ -290,6 +312,8 @@ class TrainConfig:
                              f"own order: files read in turn through a shuffle buffer)")
         if self.crop_size % self.downsample:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
+        self._check_model()
+        self.scales()  # --crop-scales parses
         if self.early_stop is not None and (not self.val_data or not self.eval_every):
             raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
         resolved = [self.batch_size, self.steps_per_epoch, self.lr_plan]
@@ -308,6 +332,36 @@ class TrainConfig:
                                  f"{self.epoch_samples} {how} batch_size {self.batch_size}")
             if not isinstance(self.lr_plan, LrPlan):
                 raise TrainError(f"lr_plan must be an LrPlan, got {type(self.lr_plan).__name__}")
+
+    def scales(self) -> tuple[float, ...] | None:
+        """``--crop-scales`` as numbers (None when not given); a one-line TrainError when it does not parse."""
+        if self.crop_scales is None:
+            return None
+        try:
+            scales = tuple(float(part) for part in self.crop_scales.split(","))
+        except ValueError:
+            scales = ()
+        if not scales or not all(0.0 < s <= 1.0 for s in scales):
+            raise TrainError(f"--crop-scales {self.crop_scales}: expected fractions of the short side in (0, 1], "
+                             f"comma-separated, e.g. 1,0.875,0.75,0.66")
+        return scales
+
+    def _model_defaults(self) -> None:
+        # --crop-size and --dropout not given (None) are the --model's: they depend on no machine or data, so the
+        # config itself fills them in (an unknown --model is left to check_settings to name).
+        spec = MODELS.get(self.model)
+        if spec is not None and self.crop_size is None:
+            object.__setattr__(self, "crop_size", spec.crop_size)
+        if spec is not None and self.dropout is None:
+            object.__setattr__(self, "dropout", spec.dropout)
+
+    def _check_model(self) -> None:
+        spec = model_spec(self.model)  # a known name: check_settings has checked the choice
+        if self.bn and "bn" not in spec.options:
+            raise TrainError(f"--bn: {self.model} has BatchNorm after every convolution already (--bn adds it to c3d)")
+        if self.inflate_from is not None and not spec.inflatable:
+            inflatable = ", ".join(name for name, s in MODELS.items() if s.inflatable)
+            raise TrainError(f"--inflate-from: {self.model} is not inflated from 2-D weights ({inflatable} is)")
 
     # -- the late step ----------------------------------------------------------
     def with_batch(self, batch_size: int) -> TrainConfig:

@@ -36,6 +36,7 @@ from loaders.sampler import VideoEpochSampler, clip_shards
 
 from .dist import DistInfo
 from .errors import TrainError
+from .models import model_spec
 from .protocols import describe_protocol, multiview_items
 from .readerrors import reader_errors
 from .workers import ignore_stop_signals
@@ -280,10 +281,15 @@ class EvalData:
 
 
 def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
-    """The crop of training (random, flipped unless --no-flip) or evaluation (centre, or 3 along the long side)."""
-    kwargs: dict[str, Any] = {"train": train, "crop_size": cfg.crop_size, "clip_len": cfg.clip_len, "seed": cfg.seed}
+    """The crop of training (random, of --crop-scales when given, flipped unless --no-flip) or evaluation
+    (centre, or 3 along the long side), normalised as the ``--model`` expects (``ModelSpec.mean``/``std``:
+    Kinetics' for C3D and the ResNets, ImageNet's for I3D, whose weights start from ImageNet's)."""
+    spec = model_spec(cfg.model)
+    kwargs: dict[str, Any] = {"train": train, "crop_size": cfg.crop_size, "clip_len": cfg.clip_len, "seed": cfg.seed,
+                              "mean": spec.mean, "std": spec.std}
     if train:
         kwargs["flip"] = not cfg.no_flip
+        kwargs["multiscale"] = cfg.scales()
     elif cfg.eval_protocol != "clips":
         kwargs["spatial_crops"] = 3
     return ClipPreset(**kwargs)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
     from .config import TrainConfig
-    from .model import C3D
+    from .models import VideoModel
 
 
 @dataclass
@@ -159,6 +159,10 @@ class StepConfig:
     main: bool = True  # this rank prints notes
     stop: StopRequest | None = None
     gpu: GpuStats | None = None  # NVML utilisation and memory (this rank's GPU), when available
+    # FLOPs of one clip's training step (3 forward passes: train.models.flops_per_clip) and the GPU's peak
+    # FLOP/s (gpustats.peak_flops): the log's achieved TFLOP/s and MFU, where known.
+    step_flops: float | None = None
+    peak_flops: float | None = None
     profiler: Any = None  # profiling.StepProfiler: told of each step
     # A stop signal abandons the step in progress (stop_checks) instead of waiting for its end: one process
     # only, uncompiled (under torchrun every rank must stop at the same step, which they agree on at its end).
@@ -168,13 +172,14 @@ class StepConfig:
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, main: bool = True, progress: bool = False,
                     stop: StopRequest | None = None, gpu: GpuStats | None = None, profiler: Any = None,
-                    heartbeat: Heartbeat | None = None) -> StepConfig:
+                    heartbeat: Heartbeat | None = None, step_flops: float | None = None,
+                    peak_flops: float | None = None) -> StepConfig:
         """The step settings of a run's ``TrainConfig`` (resolved in this process), with this process's helpers."""
         return cls(device=torch.device(cfg.device), amp_dtype=cfg.amp_dtype, accum_steps=cfg.accum_steps,
                    channels_last=cfg.channels_last, downsample=cfg.downsample,
                    colour_perm_seed=cfg.seed if cfg.colour_permutation else None, clip_grad_norm=cfg.clip_grad_norm,
                    max_steps=cfg.max_steps, ckpt_every=cfg.ckpt_every, log_every=cfg.log_every, progress=progress,
-                   main=main, stop=stop, gpu=gpu, profiler=profiler,
+                   main=main, stop=stop, gpu=gpu, profiler=profiler, step_flops=step_flops, peak_flops=peak_flops,
                    stop_within_step=cfg.world_size == 1 and not cfg.compile, heartbeat=heartbeat)
 
 
@@ -385,6 +390,10 @@ def _log_window(loss_acc: torch.Tensor, window: dict, optimizer: torch.optim.Opt
         "step_time_s": elapsed / steps, "peak_mem_mb": peak_memory_mb(cfg.device),
         **data.loader_stats(),  # this rank's loader: loader_clips_per_s, loader_queue_depth where known
     }
+    if cfg.step_flops:
+        record["tflops"] = record["clips_per_s"] * cfg.step_flops / 1e12  # all ranks together
+        if cfg.peak_flops:
+            record["mfu"] = record["clips_per_s"] * cfg.step_flops / (cfg.peak_flops * world_size)
     if scaler.is_enabled():
         record["grad_scale"] = float(scaler.get_scale())
     if state.nonfinite:
@@ -408,7 +417,8 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
 
     ``model`` must be the plain module, not the DDP wrapper: ranks hold
     different numbers of clips, and DDP's forward may talk to the other ranks.
-    With ``features`` (a C3D) the per-video mean fc6/fc7 go into ``video_scores`` too.
+    With ``features`` the per-video means of the model's video features (``features_and_logits``: C3D's fc6
+    and fc7, the others' pooled features) go into ``video_scores`` too.
     A signal that sets ``stop`` ends the evaluation within a layer (``stop_checks``; the ranks do not talk
     until the gather at the end, so each may stop where it is): every rank then raises ``Interrupted``.
     """
@@ -428,11 +438,10 @@ def evaluate(model: nn.Module, data: EvalData, device: torch.device, amp_dtype: 
             for batch in it:
                 x = model_input(batch["clip"], data.mean, data.std, device, channels_last, downsample)
                 y = batch["label"].to(device, non_blocking=True)
-                feats = None
+                feats: dict[str, torch.Tensor] | None = None
                 with _autocast(device, amp_dtype):
                     if features:
-                        fc6, fc7, logits = cast("C3D", model).forward_with_features(x)
-                        feats = {"fc6": fc6, "fc7": fc7}
+                        feats, logits = cast("VideoModel", model).features_and_logits(x)
                     else:
                         logits = model(x)
                 logits = logits.float()

@@ -1,14 +1,17 @@
-"""``python -m train eval --checkpoint CKPT --data OUT``: evaluate a trained C3D, print and save the report.
+"""``python -m train eval --checkpoint CKPT --data OUT``: evaluate a trained model, print and save the report.
 
-The model is rebuilt from the ``TrainConfig`` the checkpoint stores (width,
-BatchNorm, crop, downsampling, clip length); ``--eval-protocol`` chooses the
+The model is rebuilt from the ``TrainConfig`` the checkpoint stores (``--model``,
+width, BatchNorm, crop, downsampling, clip length; a checkpoint written before
+``--model`` existed is C3D's); ``--eval-protocol`` chooses the
 protocol as in training, and the clips are read and cropped as the trainer's
 evaluation reads them (the checkpoint's config with this command's protocol,
 loader, batch and device). The report goes to ``OUT/eval/<name>.json`` with its confusion
 matrix beside it (``--out``, default the checkpoint's folder). ``--export
 FILE.npz`` also writes, per video (sorted by id): ``video_ids``, ``labels``,
-``probs`` (mean softmax over its views), ``fc6`` and ``fc7`` (C3D's features,
-after their ReLU, averaged over the views), plus ``classes`` and ``protocol``.
+``probs`` (mean softmax over its views), the model's video features averaged
+over the views (``ModelSpec.features``: C3D's ``fc6`` and ``fc7`` after their
+ReLU; the ResNets' and I3D's globally pooled ``pool``), plus ``classes`` and
+``protocol``.
 Runs under torchrun too (views split over ranks, rank 0 writes).
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from . import checkpoint as ckpt_io
 from . import dist
@@ -31,8 +35,9 @@ from .config import TrainConfig
 from .data import build_eval_data, dataset_info
 from .engine import evaluate
 from .errors import TrainError
-from .main import eval_line, save_eval, torch_threads
-from .model import C3D, strip_prefixes
+from .main import eval_line, model_options, save_eval, torch_threads
+from .metrics import SCORES
+from .models import build_model, strip_prefixes
 from .options import OneLineParser, settings
 from .readerrors import reading
 from .workers import end_workers_at_exit
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     declared["eval_clips"].add_to(p, help="clips per video with 10x3 (default 10)")
     p.add_argument("--out", default=None, help="folder for eval/NAME.json (default: the checkpoint's folder)")
     p.add_argument("--export", metavar="FILE", default=None,
-                   help="also write per-video scores and mean fc6/fc7 features to this .npz")
+                   help="also write per-video scores and mean video features (C3D: fc6/fc7) to this .npz")
     declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch (default 16)")
     declared["loader"].add_to(p, choices=("threads", "processes"),
                               help="reader threads in this process (default) or DataLoader worker processes")
@@ -64,9 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list[str]) -> C3D:
-    """The C3D that ``cfg`` (the config of checkpoint ``saved``, read from ``path``) describes, with its weights."""
-    model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len, crop_size=cfg.model_crop)
+def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list[str]) -> nn.Module:
+    """The model that ``cfg`` (the config of checkpoint ``saved``, read from ``path``) describes, with its weights."""
+    try:
+        model = build_model(cfg.model, num_classes=len(classes), clip_len=cfg.clip_len, crop_size=cfg.model_crop,
+                            **model_options(cfg))
+    except ValueError as exc:
+        raise TrainError(f"checkpoint {path}: its settings do not make a model ({exc})") from exc
     try:
         model.load_state_dict(strip_prefixes(ckpt_io.model_state(saved)))
     except RuntimeError as exc:
@@ -129,8 +138,9 @@ def export(path: str, result: dict[str, Any]) -> str:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}.npz")
+    features = {name: values for name, values in scores.items() if name not in SCORES}
     np.savez(tmp, video_ids=scores["video_ids"], labels=scores["labels"], probs=scores["probs"],
-             views=scores["views"], fc6=scores["fc6"], fc7=scores["fc7"], classes=np.array(result["classes"]),
+             views=scores["views"], **features, classes=np.array(result["classes"]),
              protocol=np.array(json.dumps(result["protocol"])))
     os.replace(tmp, path)
     return path

@@ -1,4 +1,5 @@
-"""GPU utilisation and memory from NVML, logged beside clips/s and data-wait when ``nvidia-ml-py`` is installed.
+"""GPU utilisation and memory from NVML, logged beside clips/s and data-wait when ``nvidia-ml-py`` is installed;
+the GPU's peak FLOP/s for the model FLOPs utilisation (MFU) logged beside them.
 
 ``nvidia-ml-py`` (module ``pynvml``, in the ``dali`` extra) is optional: without
 it, or on the CPU, or when NVML cannot start (no driver), ``GpuStats.sample``
@@ -13,6 +14,17 @@ import importlib
 from typing import Any
 
 import torch
+
+# Dense bf16 tensor-core peaks (FLOP/s) by a part of the GPU's name: the denominator of model FLOPs utilisation.
+PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s, from its name (``PEAKS``); None on the CPU or for another GPU."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAKS.items() if k in name), None)
 
 
 class GpuStats:

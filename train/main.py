@@ -21,16 +21,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint as ckpt_io
 from . import dist
-from .args import build_parser, resolve_config
+from .args import build_parser, check_model_input, crop_size, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
 from .data import DataShape, build_eval_data, build_train_data, cache_settings, dali_builder, dataset_info
 from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
-from .gpustats import GpuStats
+from .gpustats import GpuStats, peak_flops
 from .heartbeat import Heartbeat
 from .metrics import MetricsLog, read_metrics
-from .model import C3D, load_for_finetuning
+from .models import build_model as build_network
+from .models import flops_per_clip, inflate_into, load_for_finetuning, model_spec, read_state_dict
 from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
 from .readerrors import reading
@@ -64,22 +65,38 @@ def eval_line(result: dict[str, Any]) -> str:
             f"{result['video_top5']:.3f} ({result['videos']} videos, {result['clips']} views)")
 
 
-def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo, *, resuming: bool = False) -> C3D:
-    """C3D for these classes, with ``--finetune``'s weights unless ``resuming``, on this rank's device."""
+def model_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``--model``'s options as ``cfg`` sets them (``width``, and ``bn``/``dropout`` where it takes them)."""
+    given = {"width": cfg.model_width, "bn": cfg.bn, "dropout": cfg.dropout}
+    return {name: given[name] for name in model_spec(cfg.model).options}
+
+
+def build_model(cfg: TrainConfig, classes: list[str], info: dist.DistInfo, *, resuming: bool = False) -> nn.Module:
+    """The ``--model`` for these classes (``train.models.build_model``), with ``--finetune``'s or
+    ``--inflate-from``'s weights unless ``resuming``, on this rank's device."""
     # Same seed on every rank for the weights (DDP copies rank 0's anyway).
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    inflate = cfg.inflate_from if not resuming else None
     try:
-        model = C3D(len(classes), width=cfg.model_width, bn=cfg.bn, clip_len=cfg.clip_len,
-                    crop_size=cfg.model_crop, dropout=cfg.dropout)
-    except ValueError as exc:  # an input too small for C3D's pools
+        model = build_network(cfg.model, num_classes=len(classes), clip_len=cfg.clip_len, crop_size=cfg.model_crop,
+                              **model_options(cfg))
+    except ValueError as exc:  # an input too small for the model (a clip length the data decided, or a resume)
         raise TrainError(f"--clip-len {cfg.clip_len} --crop-size {cfg.crop_size} --downsample {cfg.downsample}: "
                          f"{exc}") from exc
+    spec = model_spec(cfg.model)
+    if inflate:
+        # After building, as --finetune: the model's own init draws stay those of a run without it.
+        try:
+            left = inflate_into(model, read_state_dict(inflate), classifier=spec.classifier)
+        except ValueError as exc:
+            raise TrainError(f"--inflate-from {inflate}: {exc}") from exc
+        _say(info, f"inflated from the 2-D weights {inflate}; newly initialised: {', '.join(left) or 'nothing'}")
     if cfg.finetune and not resuming:
         try:
             weights = ckpt_io.load_named(cfg.finetune, say=lambda text: _say(info, text))
-            left = load_for_finetuning(model, ckpt_io.model_state(weights))
+            left = load_for_finetuning(model, ckpt_io.model_state(weights), classifier=spec.classifier)
         except ValueError as exc:
             raise TrainError(f"--finetune {cfg.finetune}: {exc}") from exc
         _say(info, f"fine-tuning from {cfg.finetune}; newly initialised: {', '.join(left) or 'nothing'}")
@@ -257,7 +274,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     info = dist.init_distributed(args.device, args.dist_backend)
     device = info.device
     # Checks the folder (or URL) first.
-    shape = dataset_info(args.data, args.crop_size, cache=cache_settings(args))
+    if not args.resume:
+        # A clip or crop too small for --model: refused before anything is read. A resumed run first compares
+        # them with its checkpoint's (check_resume), which names what the checkpoint was saved with; building the
+        # model checks them after that, before a clip is read.
+        check_model_input(args)
+    shape = dataset_info(args.data, crop_size(args), cache=cache_settings(args))
     classes = shape.classes
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":
@@ -293,7 +315,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     if cfg.auto_batch:
         batch, auto = auto_batch(cfg, model, len(classes), info)
         cfg = cfg.with_batch(batch)  # the one late step: the probe needed the model
-    if cfg.sync_bn and info.distributed and cfg.bn:
+    if cfg.sync_bn and info.distributed:  # a no-op on a model without BatchNorm (c3d without --bn)
         # After the auto-batch probe, which must not run collectives: SyncBatchNorm's forward is one.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # The loaders are closed when the run ends, by an error too: a DALI pipeline's threads and the
@@ -353,7 +375,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                      if info.is_main and not cfg.no_progress and not sys.stdout.isatty() else None)
         step_cfg = StepConfig.from_config(cfg, main=info.is_main, stop=stop, profiler=profiler,
                                           progress=info.is_main and not cfg.no_progress and sys.stderr.isatty(),
-                                          gpu=GpuStats(device) if info.is_main else None, heartbeat=heartbeat)
+                                          gpu=GpuStats(device) if info.is_main else None, heartbeat=heartbeat,
+                                          step_flops=3 * flops_per_clip(cfg.model, num_classes=len(classes),
+                                                                        clip_len=cfg.clip_len,
+                                                                        crop_size=cfg.model_crop,
+                                                                        **model_options(cfg)),
+                                          peak_flops=peak_flops(device))
 
         saved_step = [state.step if resumed else -1]  # the step of the newest checkpoint in OUT
         # The newest checkpoint known whole (written by this run, or the one resumed from): what a failed save's
@@ -380,7 +407,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 }, cfg.out, st.step, cfg.keep_last, previous=intact[0])
             intact[0] = ckpt_io.step_path(cfg.out, st.step)  # every rank: each names it when its reader fails
 
-        _say(info, f"C3D width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
+        _say(info, f"{cfg.model} width {cfg.model_width} on {len(classes)} classes | {info.world_size} process(es) on "
                    f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
                    f"{cfg.global_batch} | lr {plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
                    f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
@@ -466,6 +493,7 @@ def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:
     print(f"trained {summary['step']} steps ({summary['epoch']} epochs) in {summary['train_seconds']:.0f} s"
           + (f" ({summary['clips_per_s']:.1f} clips/s" if summary.get("clips_per_s") else "")
           + (f", data wait {summary['data_wait_frac']:.0%}" if summary.get("clips_per_s") else "")
+          + (f", MFU {summary['mfu']:.1%}" if "mfu" in summary else "")
           + (f", GPU busy {summary['gpu_util_pct']:.0f}%" if "gpu_util_pct" in summary else "")
           + (")" if summary.get("clips_per_s") else ""))
     stopped = summary.get("stopped")
@@ -502,6 +530,10 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
     out = {"clips_per_s": float(np.median([r["clips_per_s"] for r in train_rows])),
            "data_wait_frac": float(np.median([r["data_wait_frac"] for r in train_rows])),
            "peak_mem_mb": max(r["peak_mem_mb"] for r in train_rows), "final_loss": train_rows[-1]["loss"]}
+    for key in ("tflops", "mfu"):  # where the FLOPs (and the GPU's peak) are known
+        values = [r[key] for r in train_rows if key in r]
+        if values:
+            out[key] = float(np.median(values))
     util = [r["gpu_util_pct"] for r in train_rows if "gpu_util_pct" in r]
     if util:  # NVML (nvidia-ml-py) was there
         out["gpu_util_pct"] = float(np.median(util))

@@ -121,18 +121,19 @@ def merge_eval(states: list[dict[str, Any]], classes: list[str], keep_scores: bo
     } | ({"video_scores": _scores(videos)} if keep_scores else {})
 
 
-FEATURES = ("fc6", "fc7")
+SCORES = ("video_ids", "labels", "probs", "views")  # what video_scores holds besides the features
+_PER_VIDEO = ("label", "prob", "logit", "n")  # what EvalAccumulator keeps per video besides the features
 
 
 def _scores(videos: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Per video (sorted by id): label, mean softmax, view count, and mean features when they were collected."""
+    """Per video (sorted by id): label, mean softmax, view count, and the mean of each feature collected (the
+    model's ``ModelSpec.features``: C3D's fc6 and fc7, the others' pooled features)."""
     ids = sorted(videos)
     out = {"video_ids": np.array(ids), "labels": np.array([videos[v]["label"] for v in ids], np.int64),
            "probs": np.stack([videos[v]["prob"] / videos[v]["n"] for v in ids]),
            "views": np.array([videos[v]["n"] for v in ids], np.int64)}
-    for k in FEATURES:
-        if ids and k in videos[ids[0]]:
-            out[k] = np.stack([videos[v][k] / np.float32(videos[v]["n"]) for v in ids])
+    for k in sorted(k for k in (videos[ids[0]] if ids else {}) if k not in _PER_VIDEO):
+        out[k] = np.stack([videos[v][k] / np.float32(videos[v]["n"]) for v in ids])
     return out
 
 

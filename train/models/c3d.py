@@ -16,10 +16,11 @@ other than 16x112x112 (fc6's input is sized from it).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 
 import torch
 from torch import nn
+
+from .layers import Conv3d, scaled
 
 CONV_CHANNELS = (64, 128, 256, 256, 512, 512, 512, 512)
 CONV_NAMES = ("conv1", "conv2", "conv3a", "conv3b", "conv4a", "conv4b", "conv5a", "conv5b")
@@ -33,28 +34,7 @@ POOLS = {
     "conv5b": ((2, 2, 2), (0, 1, 1)),
 }
 CLASSIFIER_PREFIX = "fc8."
-
-
-class Conv3d(nn.Conv3d):
-    """``nn.Conv3d`` that runs in float32 under CPU autocast when its input has exactly 2 frames.
-
-    Why: in PyTorch 2.13's CPU build, oneDNN's bfloat16 Conv3d weight gradient
-    is garbage (huge values or NaN) for inputs 2 frames deep, which is where
-    C3D's conv5a and conv5b sit with 16-frame clips (tests/test_train_model.py
-    checks the gradients against float32). Those layers are a small part of
-    the work, so this costs little; GPUs are unaffected and keep bfloat16.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.shape[2] == 2 and torch.is_autocast_enabled("cpu"):
-            with torch.autocast("cpu", enabled=False):
-                return super().forward(x.float())
-        return super().forward(x)
-
-
-def scaled(channels: int, width: float) -> int:
-    """Channels after the width multiplier (at least 1)."""
-    return max(1, round(channels * width))
+FEATURES = ("fc6", "fc7")  # after their ReLU, before dropout: the paper's video features
 
 
 def _pooled(size: int, kernel: int, pad: int) -> int:
@@ -129,6 +109,11 @@ class C3D(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with_features(x)[2]
 
+    def features_and_logits(self, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """({"fc6", "fc7"}, logits): the video features ``python -m train eval --export`` writes (``FEATURES``)."""
+        fc6, fc7, logits = self.forward_with_features(x)
+        return {"fc6": fc6, "fc7": fc7}, logits
+
     def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(fc6, fc7, logits): fc6 and fc7 after their ReLU, before dropout (the C3D paper's video features)."""
         x = self.features(x)
@@ -136,55 +121,3 @@ class C3D(nn.Module):
         fc6 = self.relu(self.fc6(x))
         fc7 = self.relu(self.fc7(self.dropout(fc6)))
         return fc6, fc7, self.fc8(self.dropout(fc7))
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def strip_prefixes(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop the ``module.`` (DDP) and ``_orig_mod.`` (torch.compile) prefixes from keys."""
-    out = {}
-    for key, value in state.items():
-        for prefix in ("module.", "_orig_mod."):
-            while key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value
-    return out
-
-
-def load_for_finetuning(model: C3D, state: Mapping[str, torch.Tensor]) -> list[str]:
-    """Load every layer but a classifier of another shape; returns the keys left at their init.
-
-    The classifier (fc8) is kept when its shape matches and re-initialised
-    otherwise, so a Kinetics checkpoint fine-tunes on a 101-class dataset.
-    Any other missing or mismatched layer is an error: loading half a backbone
-    silently would train from a random start without saying so.
-    """
-    state = strip_prefixes(state)
-    own = model.state_dict()
-    skipped = []
-    usable = {}
-    for key, value in state.items():
-        if key.startswith(CLASSIFIER_PREFIX) and (key not in own or own[key].shape != value.shape):
-            skipped.append(key)
-            continue
-        usable[key] = value
-    problems = []
-    for key, value in usable.items():
-        if key not in own:
-            problems.append(f"unexpected layer {key}")
-        elif own[key].shape != value.shape:
-            problems.append(f"{key}: checkpoint {tuple(value.shape)} vs model {tuple(own[key].shape)}")
-    missing = [k for k in own if k not in usable and not k.startswith(CLASSIFIER_PREFIX)]
-    problems += [f"missing layer {k}" for k in missing]
-    if problems:
-        raise ValueError("checkpoint does not fit this model (same --model-width/--bn/crop?): "
-                         + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""))
-    model.load_state_dict(usable, strict=False)
-    if skipped:
-        model.fc8.reset_parameters()
-        nn.init.normal_(model.fc8.weight, std=0.01)
-        nn.init.zeros_(model.fc8.bias)
-    return sorted(k for k in own if k not in usable)
