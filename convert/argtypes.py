@@ -8,21 +8,59 @@ with status 2 before any work, never a job that runs with it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
-from collections.abc import Callable
-from fractions import Fraction
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-MAX_BYTES = (1 << 63) - 1  # what a size_t, off_t or rlimit of a 64-bit machine can hold
+from .format.units import MAX_BYTES, in_units
+from .format.units import parse_bytes as _parse_bytes
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the full usage is behind --help)."""
+    """argparse whose usage errors are one line, ``MESSAGE (see PROG --help)``, with a mistyped option named
+    together with the closest one there is; every command of the project (convert's and train's) parses with it.
+
+    ``raise_as``: the caller's error policy. An exception type: the parser
+    raises it with the line, and the entry point prints it and exits with
+    status 2 (the trainer: ``TrainError``). None (the default): the parser
+    prints ``PROG: error: LINE`` to stderr and exits with status 2 itself.
+    """
+
+    def __init__(self, *args: Any, raise_as: type[Exception] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raise_as = raise_as
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        line = f"{message} (see {self.prog} --help)"
+        if self.raise_as is not None:
+            raise self.raise_as(line)
+        self.exit(2, f"{self.prog}: error: {line}\n")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(self.unrecognized(extra))
+        return parsed
+
+    def unrecognized(self, extra: Sequence[str]) -> str:
+        """The message for arguments no option took: the first unknown option and the closest known one."""
+        unknown = next((a.split("=", 1)[0] for a in extra if a.startswith("-") and not _is_number(a)), None)
+        if unknown is None:
+            return f"unrecognized arguments: {' '.join(extra)}"
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
+        return f"unrecognized option {unknown}" + (f"; did you mean {close[0]}?" if close else "")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def whole(lo: int, hi: int, what: str = "") -> Callable[[str], int]:
@@ -72,24 +110,16 @@ def parse_short_side(text: str) -> int:
 
 
 def parse_bytes(text: str) -> int:
-    """A byte count like 512M, 2G or 1.5GiB, computed exactly (a huge one is no float infinity)."""
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)i?[bB]?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a byte count like 512M or 2G, got {text!r}")
-    return int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def _in_units(n: int) -> str:
-    """``n`` bytes as the largest unit that holds it exactly (256M), else as a plain number."""
-    for unit, size in sorted(_UNITS.items(), key=lambda kv: -kv[1]):
-        if n % size == 0:
-            return f"{n // size}{unit.upper()}"
-    return str(n)  # pragma: no cover - every count divides by 1
+    """An argparse type: a byte count like 512M, 2G or 1.5GiB (``convert.format.units.parse_bytes``)."""
+    try:
+        return _parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def byte_count(lo: int, hi: int = MAX_BYTES) -> Callable[[str], int]:
     """An argparse type: ``parse_bytes``, then within ``lo..hi`` bytes."""
-    span = f"of at least {_in_units(lo)}" if hi == MAX_BYTES else f"from {_in_units(lo)} to {_in_units(hi)}"
+    span = f"of at least {in_units(lo)}" if hi == MAX_BYTES else f"from {in_units(lo)} to {in_units(hi)}"
 
     def parse(text: str) -> int:
         value = parse_bytes(text)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from convert.format.system import lazy_exports
 
 _LAZY = {
-    "ClipBatch": "dataset", "ClipDataset": "dataset", "LmdbClipDataset": "dataset", "collate": "dataset",
+    "ClipBatch": "dataset", "ClipDataset": "dataset", "collate": "dataset",
     "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory",
     "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",

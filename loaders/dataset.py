@@ -1,7 +1,5 @@
 """``ClipDataset``: the training/eval Dataset over a conversion's shards (any backend).
 
-``LmdbClipDataset`` is the same class under its first name (deprecated).
-
 Items come back uint8 and already cropped by the preset; normalisation waits
 for the device (``to_model_input``). Shards are opened lazily in whichever
 process reads, so the dataset works with any number of DataLoader workers,
@@ -22,7 +20,6 @@ from __future__ import annotations
 import math
 import operator
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +44,7 @@ class ClipBatch(list):
 
 
 def collate(batch: Sequence[Any]) -> Any:
-    """Collate for ``LmdbClipDataset``: a ``ClipBatch`` is already collated; anything else goes to torch's."""
+    """Collate for ``ClipDataset``: a ``ClipBatch`` is already collated; anything else goes to torch's."""
     if isinstance(batch, ClipBatch):
         return batch.collated
     return default_collate(batch)
@@ -232,12 +229,4 @@ class ClipDataset(Dataset):
                 f"{len(self.classes)} classes, out {self.clip_shape}, {self.preset})")
 
 
-def __getattr__(name: str) -> Any:
-    # ``LmdbClipDataset``: the first name, from when LMDB was the only backend; deprecated, kept for one release.
-    if name == "LmdbClipDataset":
-        warnings.warn("LmdbClipDataset is deprecated: it is ClipDataset (any backend) under its old name",
-                      DeprecationWarning, stacklevel=2)
-        return ClipDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["ClipBatch", "ClipDataset", "collate"]  # and LmdbClipDataset, deprecated (module __getattr__)
+__all__ = ["ClipBatch", "ClipDataset", "collate"]

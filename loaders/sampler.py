@@ -10,8 +10,9 @@ The permutation is drawn with the project's keyed generator
 (``loaders.keyed``, defined bit for bit), not numpy's ``default_rng``, whose
 stream numpy does not promise across versions: the order a checkpoint resumes
 into then depends on nothing installed. The scheme is part of the sampler's
-state (``state_dict()["scheme"]``): a checkpoint written before the keyed
-scheme (no ``scheme``) resumes with the numpy draws it was made with.
+state (``state_dict()["scheme"]``), so that a later scheme can still resume
+states of this one; a state without it is taken as this scheme's (the
+trainer refuses checkpoints written before the scheme was recorded).
 
 ``order="blocks"`` is the order for shards larger than memory (FFCV's
 quasi-random order, WebDataset's shard-then-buffer shuffle): the epoch's clips,
@@ -51,25 +52,9 @@ from torch.utils.data import Sampler
 
 from .keyed import GOLDEN, keyed_uniform, mix64
 
-# How an epoch's order is drawn: 1, numpy's default_rng((seed, epoch)) (states without a "scheme"); 2, keyed.
-SCHEMES = (1, 2)
+# How an epoch's order is drawn: 2, keyed (1, numpy's default_rng, was retired before the first release).
+SCHEMES = (2,)
 SCHEME = 2
-
-
-class _NumpyDraws:
-    """Scheme 1: the draws of ``np.random.default_rng(key)``, as samplers made them before scheme 2."""
-
-    def __init__(self, *key: int) -> None:
-        self._rng = np.random.default_rng(key)
-
-    def random(self, n: int) -> np.ndarray:
-        return self._rng.random(n)
-
-    def permutation(self, n: int) -> np.ndarray:
-        return self._rng.permutation(n)
-
-    def integers(self, high: int, n: int) -> np.ndarray:
-        return self._rng.integers(0, high, n)
 
 
 class _KeyedDraws:
@@ -90,11 +75,11 @@ class _KeyedDraws:
         return np.minimum((self.random(n) * high).astype(np.int64), high - 1)
 
 
-def draws(scheme: int, *key: int) -> _NumpyDraws | _KeyedDraws:
+def draws(scheme: int, *key: int) -> _KeyedDraws:
     """The generator of ``scheme`` (``SCHEMES``) for ``key``."""
     if scheme not in SCHEMES:
         raise ValueError(f"sampler scheme must be one of {SCHEMES}, got {scheme!r}")
-    return _KeyedDraws(*key) if scheme == 2 else _NumpyDraws(*key)
+    return _KeyedDraws(*key)
 
 
 def _world() -> tuple[int, int]:
@@ -136,7 +121,7 @@ class ClipOrder:
     def check(self, n: int) -> None:
         """Refuse, in one line, an order that cannot arrange a dataset of ``n`` clips."""
 
-    def arrange(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def arrange(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -149,7 +134,7 @@ class RandomOrder(ClipOrder):
 
     name = "random"
 
-    def arrange(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def arrange(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
         return candidates[rng.permutation(candidates.size)]
 
 
@@ -171,7 +156,7 @@ class BlockOrder(ClipOrder):
     def check(self, n: int) -> None:
         self._rank = _permutation_rank(self.storage_order, n, "storage_order")
 
-    def arrange(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def arrange(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
         if self._rank is None:
             self.check(int(self.storage_order.size))
         return block_shuffled(candidates, cast(np.ndarray, self._rank), rng, block=self.block, window=self.window)
@@ -208,13 +193,13 @@ class ShardWindowOrder(ClipOrder):
         if self.clip_shards.size != n:
             raise ValueError(f"clip_shards must give the shard of each of the {n} clips, got {self.clip_shards.size}")
 
-    def shard_rank(self, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def shard_rank(self, rng: _KeyedDraws) -> np.ndarray:
         """``read_at[s]``: the place of shard ``s`` in the epoch's shard permutation (one draw of ``rng``)."""
         read_at = np.empty(self.num_shards, dtype=np.int64)
         read_at[rng.permutation(self.num_shards)] = np.arange(self.num_shards)
         return read_at
 
-    def arrange(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def arrange(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
         candidates = np.asarray(candidates, dtype=np.int64)
         window_of = self.shard_rank(rng)[self.clip_shards[candidates]] // self.window
         # The candidates come in a fixed order (index order, or a video epoch's choice), so keying the
@@ -263,7 +248,7 @@ def clip_shards(store: Any) -> np.ndarray:
     return np.repeat(np.asarray(store.video_shard, dtype=np.int64), np.asarray(store.video_clips, dtype=np.int64))
 
 
-def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: _NumpyDraws | _KeyedDraws, *,
+def block_shuffled(candidates: np.ndarray, storage_rank: np.ndarray, rng: _KeyedDraws, *,
                    block: int, window: int) -> np.ndarray:
     """``candidates`` (clip indices, repeats allowed) in block-shuffled order.
 
@@ -527,15 +512,15 @@ class DistributedClipSampler(Sampler, EpochPosition):
         return {**super().state_dict(consumed), "scheme": self.scheme}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``; a state without ``scheme`` (written before it) draws as it was drawn then;
+        """Restore ``state_dict()``; a state without ``scheme`` is of this scheme (``SCHEME``);
         one saved on another number of ranks resumes at its global position."""
-        scheme = state.get("scheme", 1)
+        scheme = state.get("scheme", SCHEME)
         if scheme not in SCHEMES:
             raise ValueError(f"sampler state has scheme {scheme!r}; this sampler draws with {SCHEMES}")
         super().load_state_dict(state)
         self.scheme = scheme
 
-    def _shuffled(self, candidates: np.ndarray, rng: _NumpyDraws | _KeyedDraws) -> np.ndarray:
+    def _shuffled(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
         """``candidates`` in this sampler's shuffled order (its ``traversal``)."""
         return self.traversal.arrange(candidates, rng)
 

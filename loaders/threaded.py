@@ -25,7 +25,7 @@ queued on the current stream before that ``next()`` (a CUDA event), so a
 ``non_blocking`` copy made from it while you held it is safe.
 
 Errors: bad data in a reader thread comes back in the consuming thread as the
-same one-line ``DatasetError`` (naming the shard and the clip) as on the
+same one-line ``FormatError`` (naming the shard and the clip) as on the
 ``DataLoader`` path. A read that hangs (a dead network filesystem) raises
 ``LoaderTimeout`` after ``timeout`` seconds, naming the clips still being read.
 """

@@ -1,7 +1,7 @@
 """Readers and a writer written from FORMAT.md alone (they use no project code) must agree with ours.
 
-``spec_read`` follows FORMAT.md version 2 for both backends; ``spec_write_v1``
-follows version 1 to make a folder the project's readers must still read.
+``spec_read`` follows FORMAT.md version 2 for both backends; a version 1
+conversion (retired before the first release) is refused in one line.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import io
 import json
 import os
 import struct
+import subprocess
+import sys
 import zlib
 
 import crc32c
@@ -23,13 +25,13 @@ from tfrecord import example_pb2
 
 from convert.format import BACKENDS, WRITE_CODECS  # tests run over every registered backend and codec
 
+from .conftest import ROOT
+
 
 def _payload_to_array(codec_id: int, payload: bytes, shape: tuple[int, int, int, int]) -> np.ndarray:
     t, h, w, c = shape
     if codec_id == 0:
         return np.frombuffer(payload, np.uint8).reshape(shape)
-    if codec_id == 1:
-        return np.frombuffer(lz4.block.decompress(payload, uncompressed_size=t * h * w * c), np.uint8).reshape(shape)
     (n,) = struct.unpack_from("<I", payload, 0)
     sizes = struct.unpack_from(f"<{n}I", payload, 4)
     pos, frames = 4 + 4 * n, []
@@ -165,90 +167,30 @@ def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
         assert np.array_equal(arr, s.clip)
 
 
-# -- version 1, written from its spec ---------------------------------------
-def _v1_payload(codec: str, clip: np.ndarray) -> tuple[int, bytes]:
-    if codec == "raw":
-        return 0, clip.tobytes()
-    if codec == "lz4":
-        return 1, lz4.block.compress(clip.tobytes(), store_size=False)
-    frames = []
-    for frame in clip:
-        buf = io.BytesIO()
-        Image.fromarray(frame).save(buf, format="JPEG", quality=90)
-        frames.append(buf.getvalue())
-    return 2, struct.pack(f"<I{len(frames)}I", len(frames), *map(len, frames)) + b"".join(frames)
+# -- version 1: retired before the first release -----------------------------
+RECONVERT = "was written by an earlier release of this project; reconvert the videos with this one (python -m convert)"
 
 
-def spec_write_v1(out: str, codec: str, videos: dict[str, tuple[int, np.ndarray]], classes: list[str],
-                  shards: int = 2) -> None:
-    """A version 1 conversion: videos {id: (label, clips (K, T, H, W, 3))} dealt over LMDB shards."""
-    os.makedirs(os.path.join(out, "shards"))
-    entries = []
-    ids = sorted(videos)
-    for s in range(shards):
-        name = f"shard-{s:05d}"
-        env = lmdb.open(os.path.join(out, "shards", name), map_size=1 << 28)
-        h = hashlib.sha256()
-        n_clips = n_bytes = n_videos = 0
-        with env.begin(write=True) as txn:
-            txn.put(b"m/shard", json.dumps({"codec": codec}).encode())
-            for vid in ids[s::shards]:
-                label, clips = videos[vid]
-                for k, clip in enumerate(clips):
-                    cid, payload = _v1_payload(codec, clip)
-                    t, hh, w, c = clip.shape
-                    head = struct.pack("<4sBBBBHHHHiIIII", b"VCLP", 1, cid, c, 0, t, hh, w, len(vid.encode()),
-                                       label, k, k * t, zlib.crc32(payload), len(payload)) + vid.encode()
-                    txn.put(b"c/" + vid.encode() + b"/%06d" % k, head + payload)
-                    n_clips += 1
-                    n_bytes += len(head) + len(payload)
-                rec = {"video_id": vid, "path": f"/v/{vid}.mp4", "label": label, "status": "ok",
-                       "clips": len(clips), "frames": len(clips) * clips.shape[1], "reason": ""}
-                txn.put(b"m/done/" + vid.encode(), json.dumps(rec).encode())
-                n_videos += 1
-            cur = txn.cursor()
-            cur.set_range(b"c/")
-            for key, value in cur:
-                if not key.startswith(b"c/"):
-                    break
-                n = struct.unpack_from("<H", value, 14)[0]
-                h.update(struct.pack("<I", len(key)) + key + struct.pack("<Q", len(value)) + value[:36 + n])
-        env.close()
-        entries.append({"name": name, "path": f"shards/{name}", "videos": n_videos, "clips": n_clips,
-                        "value_bytes": n_bytes, "sha256": h.hexdigest()})
-    t, hh, w, _ = next(iter(videos.values()))[1].shape[1:]
-    manifest = {"format": "videoclips", "format_version": 1, "backend": "lmdb", "codec": codec,
-                "clip_shape": [t, hh, w, 3], "frame_size": {"size": [hh, w], "short_side": None}, "fps": None,
-                "clip": {"clip_len": t, "stride": 1, "step": t, "max_clips": None, "short": "skip"},
-                "on_damage": "keep", "classes": classes, "num_classes": len(classes), "shards": entries,
-                "totals": {k: sum(e[k] for e in entries) for k in ("videos", "clips", "value_bytes")},
-                "status_counts": {"ok": len(videos)}, "source": {}, "created": "2025-01-01T00:00:00Z"}
-    json.dump(manifest, open(os.path.join(out, "manifest.json"), "w"))
-
-
-@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg"])
-def test_version_1_folders_still_read_and_verify(tmp_path, codec):
-    from convert.format.verify import verify
+def test_a_version_1_conversion_is_refused_in_one_line_saying_to_reconvert(tmp_path):
+    from convert.format import FormatError
+    from convert.format.layout import unpack_header
     from loaders import ClipDataset, open_clips
 
-    rng = np.random.default_rng(3)
-    # ids whose bytes sort differently in c/ keys and m/done/ keys ("a" vs "a!x")
-    ids = ["a", "a!x", "walk/x", "walk-x", "zz"]
-    videos = {vid: (i % 2, np.cumsum(rng.integers(0, 9, (1 + i % 3, 4, 24, 32, 3)), axis=3).astype(np.uint8))
-              for i, vid in enumerate(ids)}
-    out = str(tmp_path / "v1")
-    spec_write_v1(out, codec, videos, ["one", "two"])
-    assert verify(out) == ([], {"shards": 2, "clips": sum(len(v[1]) for v in videos.values()), "videos": 5})
-    store = open_clips(out)
-    dealt = sorted(videos)  # spec_write_v1 deals sorted ids round-robin over the shards
-    expect = [(vid, k) for s in range(2) for vid in sorted(dealt[s::2], key=str.encode)
-              for k in range(len(videos[vid][1]))]
-    assert [(store[i].video_id, store[i].clip_index) for i in range(len(store))] == expect
-    for i, (vid, k) in enumerate(expect):
-        got = store[i].clip
-        if codec == "jpeg":
-            assert got.shape == videos[vid][1][k].shape
-        else:
-            assert np.array_equal(got, videos[vid][1][k])
-    ds = ClipDataset(out, train=False, crop_size=16)
-    assert ds[0]["clip"].shape == (4, 16, 16, 3) and ds.verify() == {"shards": 2, "clips": len(store)}
+    out = tmp_path / "v1"
+    (out / "shards").mkdir(parents=True)
+    manifest = {"format": "videoclips", "format_version": 1, "backend": "lmdb", "codec": "raw", "classes": ["a"],
+                "num_classes": 1, "shards": [], "totals": {"videos": 0, "clips": 0, "value_bytes": 0}}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    expected = f"{out / 'manifest.json'}: format version 1 {RECONVERT}"
+    for read in (lambda: open_clips(str(out)), lambda: ClipDataset(str(out), train=False, crop_size=16)):
+        with pytest.raises(FormatError) as info:
+            read()
+        assert str(info.value) == expected
+    got = subprocess.run([sys.executable, "-m", "convert", "verify", str(out)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 2 and got.stderr.strip().endswith(expected) and "\n" not in got.stderr.strip()
+    # A value whose header says version 1 (inside a shard of this version: damage, or a copied value).
+    vid = b"v"
+    head = struct.pack("<4sBBBBHHHHiIIII", b"VCLP", 1, 0, 3, 0, 1, 1, 1, len(vid), 0, 0, 0, 0, 3) + vid
+    with pytest.raises(FormatError, match=f"clip format version 1 {RECONVERT}"):
+        unpack_header(head + b"\0\0\0")

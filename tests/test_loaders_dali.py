@@ -186,7 +186,7 @@ def test_set_position_resumes_the_same_remaining_order_and_crops(shards):
         resumed = DaliClipLoader(root, train=True, batch_size=4, preset=preset, workers=2)
         resumed.load_state_dict({"epoch": 2, "position": position})
         assert resumed.state_dict() == {"epoch": 2, "position": position, "world_size": 1,  # loaded without one
-                                        "global_position": position, "scheme": 1}
+                                        "global_position": position, "scheme": 2}
         got = []
         for b in resumed:
             for k, i in enumerate(b["index"].tolist()):

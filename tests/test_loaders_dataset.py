@@ -169,12 +169,10 @@ def test_build_loader_defaults(raw_root, monkeypatch):
         build_loader(ds, batch_size=0)
 
 
-def test_lmdb_clip_dataset_is_a_deprecated_alias_of_clip_dataset():
+def test_the_retired_name_lmdb_clip_dataset_is_gone():
     import loaders
 
-    with pytest.warns(DeprecationWarning, match="LmdbClipDataset is deprecated"):
-        alias = loaders.LmdbClipDataset
-    assert alias is ClipDataset
-    with pytest.warns(DeprecationWarning):
-        from loaders.dataset import LmdbClipDataset
-    assert LmdbClipDataset is ClipDataset
+    with pytest.raises(AttributeError):
+        loaders.LmdbClipDataset  # noqa: B018 - the attribute access is the test
+    with pytest.raises(ImportError):
+        from loaders.dataset import LmdbClipDataset  # noqa: F401

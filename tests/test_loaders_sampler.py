@@ -93,23 +93,17 @@ def test_the_epoch_order_is_drawn_with_the_keyed_generator():
     assert list(s)[:8] == [13, 6, 31, 36, 3, 30, 4, 11]  # pinned: the scheme is part of the format of a run
 
 
-def test_a_state_written_before_the_keyed_scheme_resumes_with_the_numpy_order():
-    """A checkpoint's sampler state without "scheme" was drawn with numpy: it keeps being so, every epoch."""
+def test_a_state_without_a_scheme_is_the_keyed_one_and_the_retired_numpy_scheme_is_refused():
+    """Scheme 1 (numpy's draws) was retired before the first release: a state naming it is refused in one line;
+    a state without "scheme" (made by hand) draws the keyed order."""
     s = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
     s.load_state_dict({"epoch": 4, "position": 5})
-    assert s.state_dict()["scheme"] == 1
-    assert list(s) == np.random.default_rng((3, 4)).permutation(40).tolist()[5:]
-    s.set_epoch(5)
-    assert list(s) == np.random.default_rng((3, 5)).permutation(40).tolist()
-    video = VideoEpochSampler(VIDEO_INDEX, clips_per_video=3, num_replicas=1, rank=0, seed=1, with_epoch=False)
-    video.load_state_dict({"epoch": 2, "position": 0})
-    old = video.chosen(2)
-    for v in np.flatnonzero(np.asarray(COUNTS) < 3).tolist():  # the repeats were numpy draws per video
-        start = int(np.cumsum([0] + COUNTS)[v])
-        assert old[v, COUNTS[v]:].tolist() == (start + np.random.default_rng((1, 2, v)).integers(
-            0, COUNTS[v], 3 - COUNTS[v])).tolist()
-    with pytest.raises(ValueError, match="scheme 7"):
-        s.load_state_dict({"epoch": 0, "position": 0, "scheme": 7})
+    fresh = DistributedClipSampler(40, num_replicas=1, rank=0, seed=3, with_epoch=False)
+    fresh.set_epoch(4)
+    assert s.state_dict()["scheme"] == 2 and list(s) == list(fresh)[5:]
+    for scheme in (1, 7):
+        with pytest.raises(ValueError, match=f"sampler state has scheme {scheme}; this sampler draws with \\(2,\\)"):
+            s.load_state_dict({"epoch": 0, "position": 0, "scheme": scheme})
 
 
 def test_sampler_validates_its_arguments():

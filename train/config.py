@@ -43,7 +43,6 @@ from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
 LOADERS = ("threads", "processes", "dali")
-LOADER_ALIASES = {"lmdb": "processes"}  # the old name of --loader processes, kept for old commands
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
@@ -63,7 +62,7 @@ class TrainConfig:
     The fields are the options of ``python -m train`` under their argparse
     names (``--crop-size`` is ``crop_size``), with the machine's and the data's
     defaults filled in (``device``, ``amp``, ``workers``, ``clip_len``,
-    ``dist_backend``; ``loader`` without its old alias; ``crop_size`` and
+    ``dist_backend``; ``crop_size`` and
     ``dropout``, when not given, the ``--model``'s, which the config fills in
     itself), plus what the run
     derives: ``world_size`` (processes), ``epoch_samples`` (clips each rank
@@ -90,13 +89,14 @@ class TrainConfig:
     cache_limit: int | None = option(
         DATA, "bytes the shard cache may hold (default 80%% of its disk's free space); refused when smaller "
               "than the largest shard times 1 + the prefetch (2 shards; with --order shards, --order-shards if "
-              "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards", ge=1,
-        metavar="BYTES", added_later=None, on_resume=FREE)
+              "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards; "
+              "bytes, or with a unit: 200G, 512M", ge=1, byte_count=True, metavar="BYTES", added_later=None,
+        on_resume=FREE)
     loader: str = option(
         DATA, "reader: threads (default: reader threads in each training process, pinned batch ring), "
-              "processes (DataLoader worker processes; 'lmdb' is its old name) or dali (GPU pipeline; "
+              "processes (DataLoader worker processes) or dali (GPU pipeline; "
               "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions",
-        default="threads", choices=LOADERS, aliases=LOADER_ALIASES)
+        default="threads", choices=LOADERS)
     workers: int = option(
         DATA, "reader threads (--loader threads; 0 = read in the training thread) or processes per rank "
               "(default: threads = CPU cores / ranks on this node, at most 16; processes = one fewer, "
@@ -437,4 +437,4 @@ class TrainConfig:
         return cls(**kw)
 
 
-__all__ = ["AMP_DTYPES", "BACKENDS", "EPOCH_MODES", "LOADERS", "LOADER_ALIASES", "OPTIMIZERS", "TrainConfig"]
+__all__ = ["AMP_DTYPES", "BACKENDS", "EPOCH_MODES", "LOADERS", "OPTIMIZERS", "TrainConfig"]

@@ -35,9 +35,11 @@ import os
 import sys
 import time
 
+from convert.argtypes import OneLineParser
+
 from .config import TrainConfig
 from .errors import TrainError
-from .options import OneLineParser, settings
+from .options import settings
 
 RECIPE = ["--model-width", "0.125", "--bn", "--crop-size", "128", "--downsample", "2", "--no-flip",
           "--colour-permutation", "--dropout", "0.2", "--optimizer", "adamw", "--lr", "1e-3", "--no-lr-scaling",
@@ -90,7 +92,7 @@ def demo(out: str, *, workers: int = 1, threads: int | None = None, extra: list[
 
 def build_parser() -> argparse.ArgumentParser:
     """The demo's own options; the others it is given go to the trainer (``demo``'s ``extra``)."""
-    p = OneLineParser(prog="python -m train demo", description=__doc__,
+    p = OneLineParser(raise_as=TrainError, prog="python -m train demo", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="demo_out", help="folder of the conversion demo (default demo_out, as there)")
     declared = settings(TrainConfig)

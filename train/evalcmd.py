@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from convert.argtypes import OneLineParser
+
 from . import checkpoint as ckpt_io
 from . import dist
 from .args import default_workers
@@ -38,14 +40,14 @@ from .errors import TrainError
 from .main import eval_line, model_options, save_eval, torch_threads
 from .metrics import SCORES
 from .models import build_model, strip_prefixes
-from .options import OneLineParser, settings
+from .options import settings
 from .readerrors import reading
 from .workers import end_workers_at_exit
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m train eval``'s options; those that are settings of a run are checked as the trainer's are."""
-    p = OneLineParser(prog="python -m train eval", description=__doc__,
+    p = OneLineParser(raise_as=TrainError, prog="python -m train eval", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     declared = settings(TrainConfig)
     p.add_argument("--checkpoint", required=True, metavar="CKPT", help="a trainer checkpoint (checkpoint*.pt)")

@@ -17,20 +17,21 @@ resumed run may do with a setting the checkpoint has another value of
 data), say so, or nothing. Settings the run derives (``derived``) are checked
 the same way but have no option.
 
-``OneLineParser`` reports a usage error as one ``TrainError`` line ending in
-``(see PROG --help)``, naming the closest option to a mistyped one.
+The commands parse with ``convert.argtypes.OneLineParser`` (every command of
+the project does), raising a usage error as one ``TrainError`` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
+
+from convert.format.units import parse_bytes
 
 from .errors import TrainError
 
@@ -61,8 +62,8 @@ class Option:
     help: str | None
     default: Any = None
     choices: tuple[Any, ...] = ()
-    aliases: tuple[tuple[str, str], ...] = ()
     words: tuple[str, ...] = ()
+    byte_count: bool = False
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
@@ -84,7 +85,7 @@ class Option:
 
 
 def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any] = (),
-           aliases: Mapping[str, str] | None = None, words: Sequence[str] = (), ge: float | None = None,
+           words: Sequence[str] = (), byte_count: bool = False, ge: float | None = None,
            gt: float | None = None, le: float | None = None, lt: float | None = None, exclusive: str | None = None,
            also: Sequence[tuple[str, Any, str]] = (), metavar: str | None = None, required: bool = False,
            added_later: Any = UNSET, on_resume: str = RESUME_SAY) -> Any:
@@ -92,8 +93,9 @@ def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any]
 
     ``default`` is the command line's (None: the config is given its value when
     it is resolved, from the machine or the data); ``choices`` the names
-    allowed, ``aliases`` old names the command line still takes (old -> new);
-    ``words`` what the command line takes besides a number (``auto``, which
+    allowed; ``byte_count``: an integer given as bytes with an optional unit
+    (``200G``, ``512M``: ``convert.format.units.parse_bytes``, as every
+    command takes them); ``words`` what the command line takes besides a number (``auto``, which
     ``resolve_config`` interprets); ``ge``/``gt``/``le``/``lt`` the bounds of a
     number; options of one ``exclusive`` name are given at most one at a time;
     ``also`` extra flags that store a constant (flag, value, help).
@@ -103,7 +105,7 @@ def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any]
     (``RESUME_SHAPE``, ``RESUME_DATA``, ``RESUME_SAY`` (the default) or ``RESUME_FREE``; see ``RESUME_RULES``).
     """
     declared = Option(group=group, help=help, default=default, choices=tuple(choices),
-                      aliases=tuple((aliases or {}).items()), words=tuple(words), ge=ge, gt=gt, le=le, lt=lt,
+                      words=tuple(words), byte_count=byte_count, ge=ge, gt=gt, le=le, lt=lt,
                       exclusive=exclusive, also=tuple(also), metavar=metavar, required=required,
                       added_later=added_later, on_resume=on_resume)
     return dataclasses.field(metadata={_KEY: declared})
@@ -200,11 +202,14 @@ class Setting:
         if text in o.words:
             return text
         if self.kind not in (int, float):
-            return dict(o.aliases).get(text, text)
+            return text
         words = "".join(f" or {w!r}" for w in o.words)
         try:
-            value = int(text) if self.kind is int else float(text)
+            value = parse_bytes(text) if o.byte_count else int(text) if self.kind is int else float(text)
         except ValueError:
+            if o.byte_count:
+                raise argparse.ArgumentTypeError(f"expected a byte count like 512M or 200G{words}, got "
+                                                 f"{text!r}") from None
             raise argparse.ArgumentTypeError(f"expected {'an integer' if self.kind is int else 'a number'}{words}, "
                                              f"got {text!r}") from None
         problem = self.problem(value)
@@ -225,8 +230,8 @@ class Setting:
             kw.update(type=self.parse, required=o.required)
             if choices is not None:
                 kw["choices"] = tuple(choices)
-            elif o.choices:  # the old names too, which parse gives their new one
-                kw["choices"] = (*o.choices, *(old for old, _ in o.aliases))
+            elif o.choices:
+                kw["choices"] = o.choices
             if o.metavar:
                 kw["metavar"] = o.metavar
             elif flags and "choices" not in kw:  # argparse would name the value after dest, not the flag given
@@ -303,33 +308,3 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
         s.add_to(target)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one ``TrainError`` line, ending in ``(see PROG --help)``; a mistyped option
-    is named with the closest one there is. The entry points print it and exit with status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        raise TrainError(f"{message} (see {self.prog} --help)")
-
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        parsed, extra = self.parse_known_args(args, namespace)
-        if extra:
-            self.error(self.unrecognized(extra))
-        return parsed
-
-    def unrecognized(self, extra: Sequence[str]) -> str:
-        """The message for arguments no option took: the first unknown option and the closest known one."""
-        unknown = next((a.split("=", 1)[0] for a in extra if a.startswith("-") and not _is_number(a)), None)
-        if unknown is None:
-            return f"unrecognized arguments: {' '.join(extra)}"
-        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
-        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.6)
-        return f"unrecognized option {unknown}" + (f"; did you mean {close[0]}?" if close else "")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

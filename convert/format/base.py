@@ -186,7 +186,7 @@ class ShardReader(ABC):
     @property
     @abstractmethod
     def meta(self) -> dict | None:
-        """The shard's stored metadata (``shard_meta``); None for version 1 shards."""
+        """The shard's stored metadata (``shard_meta``); None when the shard holds none (not one of this format)."""
 
     @abstractmethod
     def records(self) -> list[VideoRecord]:
@@ -214,12 +214,6 @@ class ShardReader(ABC):
     def storage_order(self) -> list[str] | None:
         """Ids of the shard's videos with clips, in the order their clips lie in its files; None where the
         shard does not record it (shards written before it was recorded)."""
-
-    def checksum(self, version: int) -> str:
-        """The shard checksum as the manifest of ``version`` defines it (lowercase hex)."""
-        if version < 2:
-            raise FormatError(f"{self.path}: {self.backend} shards have no version {version} checksum")
-        return headers_checksum(h for h, _, _ in self.iter_clips())
 
     def check_storage(self) -> list[str]:
         """Problems of the storage itself (file sizes, record framing, index files), one line each."""

@@ -8,9 +8,9 @@ elsewhere (the GPU loader's graphs) are chosen from that declaration, never
 by testing ids or classes. Readers look a codec up by the id in each value's
 header (``CODECS_BY_ID``).
 
-Ids are part of the format and never reused: 1 is version 1's single-block
-LZ4, still read; version 2 writes LZ4 as one block per frame (id 3), which
-DALI's GPU inflate decodes in parallel over frames.
+Ids are part of the format and never reused: 1 was the first release's
+single-block LZ4 (retired with format version 1); LZ4 is one block per frame
+(id 3), which DALI's GPU inflate decodes in parallel over frames.
 """
 
 from __future__ import annotations
@@ -178,24 +178,6 @@ class RawCodec(Codec):
         return _window_of(self.frames(payload, shape), t0, t, out)
 
 
-class Lz4BlockCodec(Codec):
-    """Version 1's LZ4: one LZ4 block (no size prefix) for the whole clip. Read, never written."""
-
-    name, id = "lz4", 1
-    payload = Payload(layout="array", coding="lz4-block", lossless=True)
-    expected_ratio = 1.2
-
-    def window(self, payload, shape, t0, t, out=None):
-        size = _size(shape)
-        try:
-            raw = lz4.block.decompress(payload, uncompressed_size=size)
-        except lz4.block.LZ4BlockError as exc:
-            raise FormatError(f"lz4 payload does not decompress to {size} bytes: {exc}") from exc
-        if len(raw) != size:
-            raise FormatError(f"lz4 payload decompressed to {len(raw)} bytes, shape {shape} needs {size}")
-        return _window_of(np.frombuffer(raw, dtype=np.uint8).reshape(shape), t0, t, out)
-
-
 class PerFrameCodec(Codec):
     """A payload of one independently coded part per frame: uint32 N, N uint32 sizes, the N parts."""
 
@@ -326,7 +308,7 @@ class JpegCodec(PerFrameCodec):
 # Codecs a conversion can be written with, by the name the manifest stores.
 WRITE_CODECS: dict[str, type[Codec]] = {"raw": RawCodec, "lz4": Lz4FramesCodec, "jpeg": JpegCodec}
 # Every codec a reader may meet, by the id in a value's header.
-CODECS_BY_ID: dict[int, Codec] = {c.id: c() for c in (RawCodec, Lz4BlockCodec, JpegCodec, Lz4FramesCodec)}
+CODECS_BY_ID: dict[int, Codec] = {c.id: c() for c in (RawCodec, JpegCodec, Lz4FramesCodec)}
 
 
 def get_codec(name: str) -> Codec:

@@ -18,7 +18,18 @@ from .errors import FormatError, storing
 
 FORMAT_NAME = "videoclips"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (2,)
+# Conversions written in an older version of the format, which this one refuses with a line saying to reconvert.
+RETIRED_VERSIONS = (1,)
+
+
+def version_problem(version: object, what: str) -> str:
+    """Why ``what`` (a manifest's or a value's) format ``version`` cannot be read, in one line."""
+    shown = repr(version) if not isinstance(version, int) or isinstance(version, bool) else str(version)
+    if version in RETIRED_VERSIONS and not isinstance(version, bool):
+        return (f"{what} {shown} was written by an earlier release of this project; reconvert the videos with "
+                f"this one (python -m convert)")
+    return f"{what} {shown[:40]} is not one this reader knows ({', '.join(map(str, READABLE_VERSIONS))})"
 
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
@@ -235,8 +246,7 @@ def unpack_header(header: bytes | memoryview, *, value_len: int | None = None) -
     if magic != MAGIC:
         raise FormatError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
     if version not in READABLE_VERSIONS:
-        raise FormatError(f"clip format version {version} is not supported (this reader knows "
-                          f"{', '.join(map(str, READABLE_VERSIONS))})")
+        raise FormatError(version_problem(version, "clip format version"))
     offset = HEADER_SIZE + vid_len
     if len(header) < offset:
         raise FormatError(f"header of {len(header)} bytes is shorter than its {offset}-byte header and id")

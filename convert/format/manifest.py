@@ -30,21 +30,14 @@ from .layout import (
     plain_name,
     read_json_file,
     relative_path,
+    version_problem,
 )
-
-# Version 1 manifests name their codec only; these were its ids.
-_V1_CODEC_IDS = {"raw": 0, "lz4": 1, "jpeg": 2}
 
 
 def _get(d: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], where: str, *,
-         optional: bool = False, default: Any = None, present: bool = True) -> Any:
-    """``d[key]`` checked to be one of ``kinds`` (None allowed when ``optional``); FormatError naming it.
-
-    ``present=False``: a missing key gives ``default`` (fields older versions lack).
-    """
+         optional: bool = False) -> Any:
+    """``d[key]`` checked to be one of ``kinds`` (None allowed when ``optional``); FormatError naming it."""
     if key not in d:
-        if not present:
-            return default
         raise FormatError(f"{where}: lacks {key!r}")
     value = d[key]
     if value is None and optional:
@@ -147,22 +140,17 @@ class DataSpec:
                 "on_damage": self.on_damage}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str, *, version: int = FORMAT_VERSION) -> DataSpec:
-        """Checked fields of a manifest (or of a shard's metadata); version 1 lacks ``backend`` and ``codec_id``."""
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> DataSpec:
+        """Checked fields of a manifest (or of a shard's metadata)."""
         codec = _get(d, "codec", str, where)
-        if version < 2 and "codec_id" not in d:
-            if codec not in _V1_CODEC_IDS:
-                raise FormatError(f"{where}: names unknown codec {codec!r}")
-            codec_id = _V1_CODEC_IDS[codec]
-        else:
-            codec_id = _get(d, "codec_id", int, where)
+        codec_id = _get(d, "codec_id", int, where)
         classes = _get(d, "classes", list, where)
         if not all(isinstance(c, str) for c in classes):
             raise FormatError(f"{where}: classes must be a list of names (strings)")
         if len(set(classes)) != len(classes):
             raise FormatError(f"{where}: class names repeat")
         raw_shape = _get(d, "clip_shape", list, where, optional=True)
-        return cls(backend=_get(d, "backend", str, where, present=version >= 2, default="lmdb"),
+        return cls(backend=_get(d, "backend", str, where),
                    codec=codec, codec_id=codec_id, classes=tuple(classes),
                    clip_shape=None if raw_shape is None else _ints(raw_shape, 4, "clip_shape", where),  # type: ignore[arg-type]
                    frame_size=FrameSize.from_dict(d.get("frame_size"), where),
@@ -205,7 +193,7 @@ class ShardEntry:
                 "clips": self.clips, "value_bytes": self.value_bytes, "sha256": self.sha256, **self.extras}
 
     @classmethod
-    def from_dict(cls, d: Any, where: str, position: int, version: int) -> ShardEntry:
+    def from_dict(cls, d: Any, where: str, position: int) -> ShardEntry:
         w = f"{where}: shards[{position}]"
         if not isinstance(d, dict):
             raise FormatError(f"{w} is {_short(d)}, expected an object")
@@ -218,9 +206,9 @@ class ShardEntry:
         relative_path(path, "path", w)
         if "files" in d:
             _check_files(d["files"], f"{w}: files")
-        # Version 1 has no index. A reordered list is caught against the shards' own metadata, which says
-        # where each shard belongs (check_shard_meta), so the index is read, not judged, here.
-        index = _get(d, "index", int, w, present=version >= 2, default=position)
+        # A reordered list is caught against the shards' own metadata, which says where each shard belongs
+        # (check_shard_meta), so the index is read, not judged, here.
+        index = _get(d, "index", int, w)
         known = {f.name for f in fields(cls)} - {"extras"}
         return cls(name=name, path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
                    clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),  # type: ignore[arg-type]
@@ -289,12 +277,11 @@ class Manifest:
             raise FormatError(f"{where}: format {d.get('format')!r} is not {FORMAT_NAME!r}")
         version = d.get("format_version")
         if version not in READABLE_VERSIONS or isinstance(version, bool):
-            raise FormatError(f"{where}: format version {_short(version)} is not one this reader knows "
-                              f"({', '.join(map(str, READABLE_VERSIONS))})")
-        data = DataSpec.from_dict(d, where, version=version)
+            raise FormatError(f"{where}: {version_problem(version, 'format version')}")
+        data = DataSpec.from_dict(d, where)
         if _get(d, "num_classes", int, where) != len(data.classes):
             raise FormatError(f"{where}: num_classes {d['num_classes']} but {len(data.classes)} class names")
-        shards = tuple(ShardEntry.from_dict(s, where, k, version) for k, s in enumerate(_get(d, "shards", list, where)))
+        shards = tuple(ShardEntry.from_dict(s, where, k) for k, s in enumerate(_get(d, "shards", list, where)))
         _check_distinct(shards, where)
         raw_totals = _get(d, "totals", dict, where)
         totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),  # type: ignore[arg-type]
@@ -329,8 +316,6 @@ def shard_meta(data: DataSpec, *, index: int, count: int) -> dict[str, Any]:
 
 def check_shard_meta(meta: dict | None, manifest: Manifest, index: int, where: str) -> None:
     """A shard's stored metadata must agree with the manifest and sit at its manifest position."""
-    if manifest.format_version < 2:
-        return  # version 1 shards store only their codec
     if meta is None:
         raise FormatError(f"{where}: shard has no metadata (not written by this format version)")
     want = manifest.data.to_dict()

@@ -38,7 +38,6 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
     """
     meta = manifest.shards[index]
     name = meta.name
-    version = manifest.format_version
     try:
         reader = get_backend(manifest.data.backend).reader(path)
     except ShardMissing as exc:
@@ -80,7 +79,7 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
                     raise FormatError(f"label {header.label}, its video record says {label_of[header.video_id]}")
             except FormatError as exc:
                 problems.append(f"{where}: {exc}")  # where names the shard (its path) and the clip
-        sha = h.hexdigest() if version >= 2 else reader.checksum(version)
+        sha = h.hexdigest()
     except FormatError as exc:
         problems.append(f"{name}: {exc}")
         return problems
@@ -90,7 +89,7 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
         problems.append(f"{name}: holds {clips} clips, manifest says {meta.clips}")
     if len(records) != meta.videos:
         problems.append(f"{name}: holds {len(records)} video records, manifest says {meta.videos}")
-    if version >= 2 and value_bytes != meta.value_bytes:
+    if value_bytes != meta.value_bytes:
         problems.append(f"{name}: holds {value_bytes} value bytes, manifest says {meta.value_bytes}")
     if sha != meta.sha256:
         problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta.sha256[:16]}...")

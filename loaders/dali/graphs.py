@@ -24,10 +24,6 @@ def _reshape(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, de
     return fn.reshape(data, shape=shape, layout="FHWC")
 
 
-def _inflate_array(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, device: str) -> Any:
-    return fn.decoders.inflate(data, shape=shape, algorithm="LZ4", dtype=types.UINT8, layout="FHWC")
-
-
 def _inflate_frames(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, device: str) -> Any:
     # One block per frame: the GPU inflate decompresses a clip's frames in parallel.
     return fn.decoders.inflate(data, shape=shape[1:], chunk_offsets=offsets, chunk_sizes=sizes,
@@ -69,7 +65,6 @@ class Graph:
 
 GRAPHS: dict[tuple[str, str], Graph] = {
     ("array", "none"): Graph(decode=_reshape, cpu=True, in_dali=False),
-    ("array", "lz4-block"): Graph(decode=_inflate_array, cpu=False),
     ("frames", "lz4-block"): Graph(decode=_inflate_frames, cpu=False),
     ("frames", "jpeg"): Graph(decode=_images, cpu=True, host_input=True, needs_shape=False),
 }

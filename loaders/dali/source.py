@@ -189,12 +189,12 @@ class DaliClipLoader(DaliLoaderBase):
         return {**super().state_dict(consumed), "scheme": self._order.sampler.scheme}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict()``; a state without ``scheme`` draws its order as it was drawn then."""
+        """Restore ``state_dict()`` (a state without ``scheme`` is of the sampler's own scheme)."""
         super().load_state_dict(state)
         self._order.sampler.load_state_dict({"epoch": 0, "position": 0,
                                              **{k: v for k, v in state.items() if k == "scheme"}})
         self._order.forget()
-        self.close()  # a pipeline built for the other scheme's order must not be read on
+        self.close()  # a pipeline built for another position's order must not be read on
 
     def indices(self, epoch: int | None = None, position: int | None = None) -> np.ndarray:
         """The clip indices an iteration of ``epoch`` from ``position`` yields, in order (no padding)."""

@@ -61,7 +61,7 @@ class _Order:
         return got
 
     def forget(self) -> None:
-        """Drop the epochs' orders drawn so far (after the sampler's scheme changed)."""
+        """Drop the epochs' orders drawn so far (after the sampler's state was loaded)."""
         self._cache.clear()
 
     def batches(self, position: int) -> int:

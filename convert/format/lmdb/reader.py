@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import struct
 from collections.abc import Iterator, Sequence
 
 import lmdb
 
 from ..base import ShardReader, Visitor, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
-from ..layout import MAX_JSON_BYTES, header_len, unpack_header
+from ..layout import MAX_JSON_BYTES, unpack_header
 from ..records import VideoRecord
 from .common import (
-    CLIP_PREFIX,
     COMPLETE_KEY,
     DATA_FILE,
     HANDLES,
@@ -24,7 +21,6 @@ from .common import (
     SHARD_KEY,
     clip_key,
     clip_key_count,
-    iter_prefix,
     read_records,
 )
 
@@ -145,23 +141,6 @@ class LmdbReader(ShardReader):
         """Number of ``c/`` keys actually stored (verify compares it with the records)."""
         with self._reading(), self._txn() as txn:
             return clip_key_count(txn)
-
-    def checksum(self, version: int) -> str:
-        if version >= 2:
-            return super().checksum(version)
-        # Version 1: over (key length, key, value length, header) of every
-        # c/ key in LMDB key order.
-        h = hashlib.sha256()
-        with self._reading(), self._txn() as txn:
-            for key, value in iter_prefix(txn, CLIP_PREFIX):
-                if len(value) > self.file_size:
-                    raise FormatError(f"{self.path}: {bytes(key).decode(errors='replace')}: value claims "
-                                      f"{len(value)} bytes (damaged page?)")
-                h.update(struct.pack("<I", len(key)))
-                h.update(key)
-                h.update(struct.pack("<Q", len(value)))
-                h.update(value[:header_len(value)])
-        return h.hexdigest()
 
     def check_storage(self) -> list[str]:
         held, stored = sum(r.clips for r in self.records()), self.clip_keys()
