@@ -9,9 +9,10 @@ from collections import Counter
 from dataclasses import asdict
 
 from .format import FORMAT_VERSION, MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from .format.base import CONTENT_KEY
 from .format.errors import storing
 from .format.layout import write_json_atomic
-from .format.manifest import Totals
+from .format.manifest import Totals, content_fingerprint
 from .plan import Plan
 
 
@@ -21,7 +22,7 @@ def manifest_entry(summary: dict, out: str, plan: Plan) -> ShardEntry:
     extras = get_backend(plan.config.backend).manifest_extras
     return ShardEntry(name=os.path.basename(path), path=os.path.relpath(path, out), index=summary["index"],
                       **{k: summary[k] for k in SUMMARY_KEYS},
-                      extras={k: summary[k] for k in extras if k in summary})
+                      extras={k: summary[k] for k in (*extras, CONTENT_KEY) if k in summary})
 
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
@@ -48,8 +49,12 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
             for r in sorted(records, key=lambda r: r["id"]):
                 fh.write(json.dumps(r, sort_keys=True) + "\n")
         os.replace(tmp, os.path.join(out, REPORT))
+    data = plan.config.data_spec(plan.classes)
+    contents = [c for c in (s.extras.get(CONTENT_KEY) for s in shards) if isinstance(c, str)]
+    # A shard finished by an earlier release has no content sum: the conversion then has no fingerprint.
+    fingerprint = content_fingerprint(data, contents) if len(contents) == len(shards) else None
     manifest = Manifest(
-        format_version=FORMAT_VERSION, data=plan.config.data_spec(plan.classes), shards=tuple(shards),
+        format_version=FORMAT_VERSION, data=data, shards=tuple(shards), fingerprint=fingerprint,
         totals=Totals(videos=sum(s.videos for s in shards), clips=sum(s.clips for s in shards),
                       value_bytes=sum(s.value_bytes for s in shards)),
         status_counts=dict(sorted(statuses.items())), source=dict(plan.source),

@@ -375,11 +375,9 @@ def _csv_times(row: dict[str, str]) -> tuple[int, int]:
     return times[0], times[1]
 
 
-def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_file: str | None = None) -> Source:
-    """Kinetics annotations; files found flat or in class folders under ``videos``."""
-    if not os.path.isdir(videos):
-        raise SourceError(f"{videos}: --videos is not a directory")
-    csv_path, videos = os.path.abspath(csv_path), os.path.abspath(videos)
+def csv_rows(csv_path: str) -> list[tuple[int, dict[str, str]]]:
+    """(file line, row) of every row of a Kinetics annotation CSV, its cells stripped; SourceError naming the
+    file when it lacks a required column (``CSV_REQUIRED``) or is not readable as CSV."""
     with io.StringIO(read_text(csv_path, "CSV"), newline="") as fh:
         reader = csv.DictReader(fh)
         try:
@@ -391,10 +389,25 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
                     f"needs {','.join(CSV_REQUIRED)}[,split][,is_cc], has {','.join(columns) or 'none'}"
                 )
             # reader.line_num after a row is the file line it ended on (blank lines are skipped).
-            rows = [(reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items() if k is not None})
+            return [(reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items() if k is not None})
                     for row in reader]
         except csv.Error as exc:
             raise SourceError(f"{csv_path}: not readable as CSV after line {reader.line_num}: {exc}") from None
+
+
+def csv_video_id(row: dict[str, str]) -> str:
+    """The id ``python -m convert`` gives the video of a Kinetics CSV row: ``<youtube_id>_<start:06d>_<end:06d>``
+    (whole seconds); ValueError saying why a row names no clip."""
+    start, end = _csv_times(row)
+    return f"{row['youtube_id']}_{start:06d}_{end:06d}"
+
+
+def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_file: str | None = None) -> Source:
+    """Kinetics annotations; files found flat or in class folders under ``videos``."""
+    if not os.path.isdir(videos):
+        raise SourceError(f"{videos}: --videos is not a directory")
+    csv_path, videos = os.path.abspath(csv_path), os.path.abspath(videos)
+    rows = csv_rows(csv_path)
     index, unusable, problems = _index_tree(videos)
     entries = []
     for n, row in rows:
@@ -402,11 +415,10 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
             continue
         yid = row["youtube_id"]
         try:
-            start, end = _csv_times(row)
+            stem = csv_video_id(row)
         except ValueError as exc:
             problems.append(Problem(yid, csv_path, "rejected", f"line {n}: {exc}"))
             continue
-        stem = f"{yid}_{start:06d}_{end:06d}"
         if not row["label"]:
             problems.append(Problem(stem, csv_path, "rejected", f"line {n}: no label"))
             continue

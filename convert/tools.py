@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -15,15 +16,24 @@ from .argtypes import OneLineParser, byte_count, number, whole
 from .format import WRITE_CODECS, FormatError, Manifest, manifest_at, open_clips, read_manifest
 from .format.cache import CacheSettings, verify_url
 from .format.remote import is_url
+from .format.store import ClipStore
 from .format.verify import verify
 from .options import MAX_WORKERS
-from .sources import printable
+from .sources import SourceError, csv_rows, csv_video_id, printable
 from .summary import describe_shape, print_summary
 
 
-def inspect_summary(out: str) -> dict:
-    """Classes, clips per class and per video, bytes per clip and the codec's ratio."""
-    store = open_clips(out)
+def inspect_summary(out: str, *, cache: CacheSettings | None = None, listed: dict[str, str] | None = None) -> dict:
+    """Classes, clips per class and per video, bytes per clip, the codec's ratio and the content fingerprint;
+    with ``listed`` (``annotated_videos``), the conversion against that list (``against``)."""
+    store = open_clips(out, cache=cache)
+    try:
+        return _summary(out, store, listed)
+    finally:
+        store.close()
+
+
+def _summary(out: str, store: ClipStore, listed: dict[str, str] | None) -> dict:
     m = store.manifest
     per_class = np.bincount(store.labels(), minlength=len(store.classes)) if len(store) else np.zeros(0, int)
     n = max(len(store), 1)
@@ -46,7 +56,50 @@ def inspect_summary(out: str) -> dict:
         "bytes_per_clip": stored_per_clip,
         "codec_ratio": (raw_per_clip / stored_per_clip) if raw_per_clip else None,
         "status_counts": m.status_counts,
-    }
+        "fingerprint": m.fingerprint,
+    } | ({"against": against(store, listed)} if listed is not None else {})
+
+
+# What a video of the annotation list became, as ``inspect --against`` counts it (per class and in total).
+AGAINST_COLUMNS = ("annotated", "converted", "missing", "failed", "short")
+
+
+def annotated_videos(csv_path: str, *, split: str | None = None) -> dict[str, str]:
+    """Video id -> class name of every usable row of a Kinetics annotation CSV (the ids ``python -m convert``
+    gives its videos: ``<youtube_id>_<start:06d>_<end:06d>``); rows of another ``split`` left out. A row that
+    names no clip (a bad time, no label) is no video of the list. SourceError for a file that is not such a CSV."""
+    out = {}
+    for _, row in csv_rows(csv_path):
+        if split is not None and row.get("split", "") != split:
+            continue
+        try:
+            vid = csv_video_id(row)
+        except ValueError:
+            continue
+        if row["label"] and row["youtube_id"]:
+            out[vid] = row["label"]
+    return out
+
+
+def against(store: ClipStore, listed: dict[str, str]) -> dict:
+    """The conversion in ``store`` against an annotation list (``annotated_videos``): per class of the list and in
+    total, how many videos it annotates and how many of those were converted (clips stored), are missing (no
+    video record: no file, or refused when planned), failed (undecodable) or short (too few frames for a clip);
+    and how many converted videos the list does not name."""
+    status: dict[str, tuple[str, int]] = {}
+    for shard in range(len(store.manifest.shards)):
+        for rec in store.reader(shard).records():
+            status[rec.video_id] = (rec.status, rec.clips)
+    classes: dict[str, dict[str, int]] = {}
+    for vid, name in sorted(listed.items()):
+        row = classes.setdefault(name, dict.fromkeys(AGAINST_COLUMNS, 0))
+        row["annotated"] += 1
+        got, clips = status.get(vid, ("missing", 0))
+        key = "converted" if clips > 0 else {"short": "short", "failed": "failed"}.get(got, "missing")
+        row[key] += 1
+    totals = {k: sum(row[k] for row in classes.values()) for k in AGAINST_COLUMNS}
+    extra = sum(1 for vid, (_, clips) in status.items() if clips > 0 and vid not in listed)
+    return {"classes": dict(sorted(classes.items())), "totals": totals, "not_annotated": extra}
 
 
 def describe_ratio(codec: str, ratio: float | None) -> str:
@@ -172,6 +225,26 @@ def _usable_out(cmd: str, out: str) -> Manifest | None:
         return None
 
 
+def _cache_options(p: OneLineParser) -> None:
+    """``--cache-dir`` and ``--cache-limit``, as every command reading a URL takes them (the trainer's too)."""
+    p.add_argument("--cache-dir", metavar="DIR", help="with a URL: the shard cache (default "
+                   "$XDG_CACHE_HOME/videoclips, the trainer's; shards read stay there)")
+    p.add_argument("--cache-limit", metavar="BYTES", type=byte_count(1),
+                   help="with a URL: bytes the cache may hold, e.g. 200G (default 80%% of its disk's free space)")
+
+
+def print_against(result: dict, csv_path: str) -> None:
+    """``inspect --against``'s table: per class of the list, then the totals."""
+    print(f"against {csv_path}:")
+    head = "".join(f"{c:>11}" for c in AGAINST_COLUMNS)
+    print(f"  {head}  class")
+    for name, row in result["classes"].items():
+        print("  " + "".join(f"{row[c]:>11}" for c in AGAINST_COLUMNS) + f"  {printable(name)}")
+    print("  " + "".join(f"{result['totals'][c]:>11}" for c in AGAINST_COLUMNS) + "  (all classes)")
+    if result["not_annotated"]:
+        print(f"  {result['not_annotated']} converted videos are not in the list")
+
+
 def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
@@ -180,10 +253,7 @@ def main(argv: list[str]) -> int:
                          "OUT may be a URL (s3://..., gs://..., http(s)://...): its shards are downloaded into a "
                          "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
-        p.add_argument("--cache-dir", metavar="DIR", help="with a URL: the shard cache (default "
-                       "$XDG_CACHE_HOME/videoclips, the trainer's; shards checked stay there)")
-        p.add_argument("--cache-limit", metavar="BYTES", type=byte_count(1),
-                       help="with a URL: bytes the cache may hold (default 80%% of its disk's free space)")
+        _cache_options(p)
         args = p.parse_args(rest)
         if _usable_out("verify", args.out) is None:
             return 2
@@ -211,7 +281,14 @@ def main(argv: list[str]) -> int:
         p.add_argument("out", metavar="OUT")
         p.add_argument("--sheet", metavar="FILE.png", help="write a contact sheet of sample clips")
         p.add_argument("--rows", type=whole(1, 1000), default=8, help="clips on the sheet")
+        p.add_argument("--against", metavar="CSV", help="compare with a Kinetics annotation list: per class, "
+                       "the videos it annotates and how many were converted, are missing, failed or are short")
+        p.add_argument("--split", help="with --against: only the CSV's rows of this split")
+        p.add_argument("--json", action="store_true", help="print the summary (and --against) as one JSON object")
+        _cache_options(p)
         args = p.parse_args(rest)
+        if args.split is not None and args.against is None:
+            p.error("--split compares with an annotation list: give --against CSV")
         manifest = _usable_out("inspect", args.out)
         if manifest is None:
             return 2
@@ -219,13 +296,24 @@ def main(argv: list[str]) -> int:
         if sheet_dir and not os.path.isdir(sheet_dir):
             print(f"inspect: error: {sheet_dir}: no such folder for --sheet", file=sys.stderr)
             return 2
+        cache = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
+        listed = None
+        if args.against is not None:
+            try:
+                listed = annotated_videos(args.against, split=args.split)
+            except SourceError as exc:
+                print(f"inspect: error: {exc}", file=sys.stderr)
+                return 2
         try:
-            s = inspect_summary(args.out)
+            s = inspect_summary(args.out, cache=cache, listed=listed)
             if args.sheet:
                 contact_sheet(args.out, args.sheet, rows=args.rows)
         except (ValueError, OSError) as exc:  # FormatError is a ValueError
             print(f"inspect: error: {exc} (python -m convert verify {args.out} checks every shard)", file=sys.stderr)
             return 1
+        if args.json:
+            print(json.dumps(s, sort_keys=True))
+            return 0
         data = manifest.data
         shape = describe_shape(data.clip_shape, data.clip.clip_len, data.frame_size.short_side)
         print(f"{s['root']}: {s['clips']} clips of shape {shape} from {s['videos_with_clips']} "
@@ -238,6 +326,9 @@ def main(argv: list[str]) -> int:
             # Planning refuses control characters, not a right-to-left override; an older conversion may hold any.
             print(f"  {k:8d}  {printable(name)}")
         print(f"videos by status: {s['status_counts']}")
+        print(f"content fingerprint: {s['fingerprint'] or 'none (written before fingerprints were recorded)'}")
+        if "against" in s:
+            print_against(s["against"], args.against)
         if args.sheet:
             print(f"contact sheet: {args.sheet}")
         return 0

@@ -18,7 +18,7 @@ from convert.format.system import lazy_exports
 
 _LAZY = {
     "ClipBatch": "dataset", "ClipDataset": "dataset", "collate": "dataset",
-    "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory",
+    "ClipDataLoader": "factory", "build_loader": "factory", "default_threads": "factory", "loader_meter": "factory",
     "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
     "DistributedClipSampler": "sampler", "VideoEpochSampler": "sampler",

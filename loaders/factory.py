@@ -1,19 +1,22 @@
 """``build_loader``: the loader this project's readers want, over threads or worker processes.
 
 ``threads=N`` gives a ``ThreadedClipLoader`` (N reader threads in this
-process, preallocated pinned batches); otherwise a ``DataLoader`` with
-``workers`` processes. Every default can be overridden; anything else goes to
-``DataLoader`` as is.
+process, preallocated pinned batches); otherwise a ``ClipDataLoader`` (a
+``DataLoader`` that can be closed) with ``workers`` processes. Every default
+can be overridden; anything else goes to ``DataLoader`` as is. Both kinds
+close with ``close()`` or at the end of a ``with`` block.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from convert.format.system import cpu_count
 
@@ -47,11 +50,48 @@ def default_threads() -> int:
     return max(1, min(_cpus_per_rank(), 16))
 
 
+class ClipDataLoader(DataLoader):
+    """A torch ``DataLoader``, unchanged, that also closes: ``close()`` or the end of a ``with`` block.
+
+    A plain DataLoader has no way to end its worker processes: persistent
+    workers (``build_loader``'s default) live as long as the loader object,
+    and an epoch left mid-way keeps its workers until its iterator is
+    garbage-collected. ``close()`` ends the workers of the persistent
+    iterator and of the latest one handed out, now; iterating again after it
+    starts fresh workers.
+    """
+
+    _latest: weakref.ref | None = None
+
+    def __iter__(self) -> _BaseDataLoaderIter:
+        it = super().__iter__()
+        self._latest = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the worker processes of this loader's iterators (none with ``num_workers=0``)."""
+        latest = self._latest() if self._latest is not None else None
+        self._latest = None
+        for it in {id(x): x for x in (self._iterator, latest) if x is not None}.values():
+            # torch's iterator ends its workers this way when it is garbage-collected; there is no public
+            # call that does it sooner.
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._iterator = None
+
+    def __enter__(self) -> ClipDataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None = None, train: bool = True,
                  workers: int | None = None, threads: int | None = None, pin_memory: bool | None = None,
                  persistent_workers: bool = True, prefetch_factor: int = 4, drop_last: bool | None = None,
-                 start_method: str | None = None, **kw: Any) -> DataLoader | ThreadedClipLoader:
-    """A loader over ``dataset``: reader threads with ``threads=N``, else a DataLoader.
+                 start_method: str | None = None, **kw: Any) -> ClipDataLoader | ThreadedClipLoader:
+    """A loader over ``dataset``: reader threads with ``threads=N``, else a DataLoader (``ClipDataLoader``).
 
     Defaults: ``sampler`` a ``DistributedClipSampler`` (shuffled in training,
     in order for evaluation; yields (epoch, index), so call
@@ -68,6 +108,10 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
     batches and crops; ``timeout`` (seconds to wait for one batch, default
     300) is the one other keyword it takes. Its batches are valid until the
     next one is asked for.
+
+    Either loader is a context manager: ``with build_loader(...) as loader:``
+    ends its reader threads or worker processes at the end of the block, as
+    ``loader.close()`` does.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -109,9 +153,9 @@ def build_loader(dataset: Dataset, *, batch_size: int, sampler: Sampler | None =
         kw.setdefault("prefetch_factor", prefetch_factor)
         if start_method is not None:
             kw.setdefault("multiprocessing_context", start_method)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=torch.cuda.is_available() if pin_memory is None else bool(pin_memory),
-                      drop_last=train if drop_last is None else bool(drop_last), **kw)
+    return ClipDataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                          pin_memory=torch.cuda.is_available() if pin_memory is None else bool(pin_memory),
+                          drop_last=train if drop_last is None else bool(drop_last), **kw)
 
 
 def loader_meter(loader: Any) -> Callable[[], dict]:
@@ -146,4 +190,4 @@ def loader_meter(loader: Any) -> Callable[[], dict]:
     return processes
 
 
-__all__ = ["build_loader", "default_threads", "default_workers", "loader_meter"]
+__all__ = ["ClipDataLoader", "build_loader", "default_threads", "default_workers", "loader_meter"]

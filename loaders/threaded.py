@@ -163,7 +163,9 @@ class ThreadedClipLoader:
     holds one more). ``threads=0`` reads each batch in the consumer's thread
     when it is asked for (no read-ahead), into the same ring. ``timeout``: seconds to wait for one batch before
     raising ``LoaderTimeout``. Iterate it like a ``DataLoader``; one epoch's
-    iterator at a time (starting another ends the previous one).
+    iterator at a time (starting another ends the previous one). ``close()``,
+    or the end of a ``with`` block, stops and joins the reader threads; a
+    later iteration starts fresh ones.
     """
 
     def __init__(self, dataset: Any, *, batch_size: int, sampler: Sampler, threads: int, prefetch: int = 4,
@@ -272,6 +274,12 @@ class ThreadedClipLoader:
             self._pool.shutdown(wait=SHUTDOWN_WAIT)
             self._pool = None
             self._slots = None
+
+    def __enter__(self) -> ThreadedClipLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __del__(self) -> None:
         try:

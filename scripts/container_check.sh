@@ -21,6 +21,9 @@
 # WORK (default /var/tmp/videoclips-container-check) holds the dataset, OUT and the logs; it is remade on
 # every run. Engine settings for this host go in a containers.conf of its own (CONTAINERS_CONF); see
 # docs/docker.md, "The container check".
+# PYTHON (default: python on PATH) runs the host-side steps (the dataset, verify, eval); it needs the
+# project's dependencies installed, which the whole check confirms before anything else. sudo resets PATH,
+# dropping an active virtualenv: sudo env PATH="$PATH" scripts/container_check.sh keeps it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +33,7 @@ BASE=debian:${RELEASE}-slim
 CONVERT_IMAGE=videoclips-convert:latest
 TRAIN_IMAGE=videoclips-train:latest
 COMPOSE=${COMPOSE:-podman-compose}
+PYTHON=${PYTHON:-python}               # the host's Python, with the project's dependencies installed
 STEPS=${STEPS:-16}                     # CPU optimizer steps of the small C3D (SIGTERM comes after STOP_AT)
 STOP_AT=${STOP_AT:-4}
 # Process limits for the containers, at most this host's hard limits: a runtime without CAP_SYS_RESOURCE
@@ -158,7 +162,19 @@ build_image() {  # build_image DOCKERFILE TAG: the compose file's build (context
 }
 
 # Python on the host, with the repository's own code (verify, eval and the dataset maker run here).
-host_python() { PYTHONPATH=$ROOT PYTHONDONTWRITEBYTECODE=1 python "$@"; }
+host_python() { PYTHONPATH=$ROOT PYTHONDONTWRITEBYTECODE=1 "$PYTHON" "$@"; }
+
+check_host_python() {  # stop at once, in one line, unless PYTHON can run the host-side steps
+    step host-python
+    local path why
+    local fix="run it with the Python the project is installed in: sudo env PATH=\"\$PATH\" scripts/container_check.sh (sudo drops a virtualenv from PATH), or PYTHON=/path/to/bin/python"
+    path=$(command -v "$PYTHON") || fail "PYTHON=$PYTHON is not a command here: $fix"
+    # The modules of the host-side steps: they import PyAV, numpy, lmdb and torch, as the steps will.
+    if ! why=$(host_python -c 'import convert.synth, convert.tools, train.evalcmd, train.metrics' 2>&1 >/dev/null); then
+        fail "$path cannot import the project (${why##*$'\n'}): $fix"
+    fi
+    ok "$path ($(host_python -c 'import platform, torch; print("Python", platform.python_version(), "torch", torch.__version__)'))"
+}
 
 # The services' ulimits (docker-compose.yml) capped at this host's, as an override file given last. nofile
 # and nproc are named in each: podman, as root, sets the ones a container's ulimits leave out to its maxima.
@@ -349,6 +365,9 @@ finish() {
 
 DATA=$WORK/data OUT=$WORK/out LOGS=$WORK/logs BAD_OUT=$WORK/bad-out
 export DATA OUT
+# The whole check runs Python on the host (the dataset, verify, eval): checked first, before anything is
+# built or written, rather than failing at the dataset step after the builds.
+if [ "${1:-all}" = all ]; then check_host_python; fi
 mkdir -p "$LOGS"
 engine_conf
 limits_override

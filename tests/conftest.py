@@ -25,6 +25,30 @@ SHARED_VIDEOS = os.path.normpath(os.environ.get("VIDEOCLIPS_SHARED_VIDEOS")
 VIDEO_TIERS = ("synthetic", "real") if os.path.isdir(SHARED_VIDEOS) else ("synthetic",)
 # Every shard process of the suite installs the fault hook (a no-op unless a test sets CONVERT_TEST_FAULT).
 os.environ.setdefault("CONVERT_SHARD_HOOK", "tests.faults:install")
+# The user's shard cache as it was before the suite pointed XDG_CACHE_HOME elsewhere (see user_cache_dir below):
+# what the suite must never write into.
+REAL_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                              "videoclips")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache_home(tmp_path_factory):
+    """XDG_CACHE_HOME for the whole session, a temporary folder: a remote read without ``cache_dir`` (and a
+    conversion to a URL, which stages under it) writes there, not into the user's ``~/.cache/videoclips``.
+    Set in ``os.environ``, so every process a test starts inherits it. Covers the session and module
+    fixtures, which are made before a test's own fixtures."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache_session")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def user_cache_dir(session_cache_home, tmp_path_factory, monkeypatch) -> str:
+    """Each test its own XDG_CACHE_HOME (so no test reads another's cached shards by chance); the
+    ``videoclips`` folder under it, the default cache folder during the test."""
+    home = tmp_path_factory.mktemp("xdg_cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return str(home / "videoclips")
 
 
 def load_script(name: str):

@@ -299,6 +299,57 @@ def test_container_check_script_parses_and_lints():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def _run_check(tmp_path, python: str) -> subprocess.CompletedProcess:
+    """scripts/container_check.sh (the whole check) with ``PYTHON=python``, behind stand-ins for the engine
+    tools that fail at once: should the check go past its first step, it builds nothing. WORK is under
+    ``tmp_path``."""
+    fakes = tmp_path / "fakebin"
+    fakes.mkdir(exist_ok=True)
+    for tool in ("podman", "podman-compose", "debootstrap", "buildah"):
+        (fakes / tool).write_text("#!/bin/sh\necho \"stand-in $0 $*\" >&2\nexit 1\n")
+        (fakes / tool).chmod(0o755)
+    env = {**os.environ, "PYTHON": python, "WORK": str(tmp_path / "work"), "COMPOSE": str(fakes / "podman-compose"),
+           "PATH": f"{fakes}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", CHECK], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def _sudo_python(tmp_path) -> str:
+    """A Python that cannot import the project, as the system's python3 under sudo (no virtualenv): the
+    interpreter of these tests without its site-packages and blind to PYTHONPATH."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["cannot-import", "not-a-command"])
+def test_container_check_stops_in_one_line_when_its_host_python_cannot_import_the_project(tmp_path, case):
+    """The container check runs its dataset, verify and eval steps with the host's Python: one without the
+    project's dependencies is refused first, in one line saying how to run it, with a non-zero status, before
+    anything is built or written."""
+    python = _sudo_python(tmp_path) if case == "cannot-import" else str(tmp_path / "no-such-python")
+    proc = _run_check(tmp_path, python)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and proc.stdout == "" and len(lines) == 1, (proc.returncode, proc.stdout, proc.stderr)
+    line = lines[0]
+    assert line.startswith("container_check: host-python") and "FAILED" in line, line
+    if case == "cannot-import":
+        assert f"{python} cannot import the project (ModuleNotFoundError: No module named " in line, line
+    else:
+        assert f"PYTHON={python} is not a command here" in line, line
+    assert 'sudo env PATH="$PATH" scripts/container_check.sh' in line and "PYTHON=/path/to/bin/python" in line
+    assert not (tmp_path / "work").exists()  # stopped before its work folder was made
+
+
+def test_container_check_goes_on_with_a_host_python_that_imports_the_project(tmp_path):
+    """PYTHON that has the project's dependencies passes the first step (then the stand-in engine tools stop
+    the check at the base image)."""
+    proc = _run_check(tmp_path, sys.executable)
+    assert proc.stdout.startswith("container_check: host-python ") and " ok " in proc.stdout, proc.stdout
+    assert f"{sys.executable} (Python " in proc.stdout and "torch" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "base-image" in proc.stderr and "FAILED" in proc.stderr, proc.stderr
+
+
 def _launch(args: list[str], tmp_path) -> subprocess.Popen:
     """docker/entrypoint.py's ``launch`` (torchrun in-process, as in the image) in a process of its own."""
     with socket.socket() as s:  # a free port for torchrun's rendezvous

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import struct
 import threading
 
@@ -17,6 +18,7 @@ from convert.format import BACKENDS, WRITE_CODECS, FormatError  # tests run over
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
 from loaders import (
+    ClipDataLoader,
     ClipDataset,
     DistributedClipSampler,
     LoaderTimeout,
@@ -126,6 +128,53 @@ def test_close_mid_epoch_ends_every_reader_thread_before_it_returns(raw_root):  
     assert len(readers) == 2 and all(t.is_alive() for t in readers)
     loader.close()
     assert [t.is_alive() for t in readers] == [False, False]
+
+
+def test_build_loader_is_a_context_manager_that_ends_its_threads_or_workers(raw_root):  # noqa: F811
+    """``with build_loader(...) as loader:`` (docs/reading.md): the end of the block ends the reader threads,
+    or the worker processes of the DataLoader path (persistent or not), also when the epoch was left mid-way;
+    iterating after it starts fresh ones with the same batches."""
+    ds = ClipDataset(raw_root, train=True)
+    with build_loader(ds, batch_size=4, threads=2, prefetch_factor=2, pin_memory=False) as loader:
+        assert isinstance(loader, ThreadedClipLoader)
+        loader.sampler.set_epoch(0)
+        next(iter(loader))
+        readers = loader._pool.threads
+        assert len(readers) == 2 and all(t.is_alive() for t in readers)
+    assert [t.is_alive() for t in readers] == [False, False] and loader._pool is None
+
+    want = _batches(build_loader(ds, batch_size=4, workers=0), epoch=0)
+    for persistent in (True, False):
+        with build_loader(ds, batch_size=4, workers=2, persistent_workers=persistent) as loader:
+            assert isinstance(loader, ClipDataLoader)
+            loader.sampler.set_epoch(0)
+            batches = iter(loader)
+            next(batches)
+            workers = list(batches._workers)
+            assert len(workers) == 2 and all(w.is_alive() for w in workers)
+        assert [w.is_alive() for w in workers] == [False, False], persistent
+        _assert_same(_batches(loader, epoch=0), want)  # closed, it still reads: with fresh workers
+        loader.close()
+    with build_loader(ds, batch_size=4, workers=0) as loader:  # no workers: nothing to end, closing is harmless
+        _assert_same(_batches(loader, epoch=0), want)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reading.md"])
+def test_the_docs_training_example_runs_where_there_is_no_gpu(raw_root, page):  # noqa: F811
+    """The README's (and docs/reading.md's) training example, run as written on a small conversion: it picks
+    the device it has, so it runs on a machine without CUDA too."""
+    from .conftest import ROOT
+
+    text = open(os.path.join(ROOT, page)).read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "to_model_input(batch" in b]
+    assert len(blocks) == 1, page
+    code = blocks[0].replace('"out/k400_train"', repr(raw_root)).replace("batch_size=32", "batch_size=4")
+    namespace: dict = {"epochs": 1}
+    exec(compile(code, page, "exec"), namespace)
+    namespace["loader"].close()
+    x = namespace["x"]
+    assert x.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert x.dtype == torch.float32 and tuple(x.shape) == (4, 3, 16, 112, 112)
 
 
 def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):  # noqa: F811

@@ -22,7 +22,7 @@ from convert.format import FormatError, ShardMissing, open_clips
 from convert.format.cache import CacheFullError, CacheSettings, ShardCache
 from convert.format.remote import RemoteError
 
-from .conftest import ROOT
+from .conftest import REAL_CACHE_DIR, ROOT
 from .remote_fixtures import copy_conversion, serve_folder
 from .train_fixtures import tiny_data, tiny_tfrecord
 
@@ -37,6 +37,43 @@ def _same_clips(a, b) -> None:
         x, y = a.get(i, verify=True), b.get(i)
         assert (x.label, x.video_id, x.clip_index) == (y.label, y.video_id, y.clip_index)
         assert np.array_equal(x.clip, y.clip), i
+
+
+def _entries(folder: str) -> list[str]:
+    """What ``folder`` holds, and what its ``staging`` folder (conversions to URLs) holds; [] when it is not."""
+    out = []
+    for sub in (folder, os.path.join(folder, "staging")):
+        if os.path.isdir(sub):
+            out += [os.path.join(sub, name) for name in os.listdir(sub)]
+    return sorted(out)
+
+
+def test_a_remote_read_with_the_default_cache_folder_writes_nothing_into_the_users_cache(
+        s3_server, tiny_tfrecord, user_cache_dir):
+    """The suite points XDG_CACHE_HOME at a temporary folder for every test (conftest.py), for this process and
+    the processes it starts: a remote read that takes the default cache folder, here and in a child process,
+    mirrors the URL there and writes nothing under the user's real ~/.cache/videoclips."""
+    from convert.format.cache import default_cache_dir
+
+    assert default_cache_dir() == user_cache_dir and os.path.realpath(REAL_CACHE_DIR) != os.path.realpath(
+        user_cache_dir)
+    bucket = s3_server.bucket()
+    url = s3_server.upload(tiny_tfrecord, bucket)
+    before = _entries(REAL_CACHE_DIR)
+    store = open_clips(url)  # no cache settings: the default cache folder
+    store.get(0)
+    store.close()
+    child = subprocess.run([sys.executable, "-c", "import sys; from convert.format import open_clips; "
+                            "s = open_clips(sys.argv[1]); s.get(len(s) - 1); print(s.cache.dir)", url],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert child.returncode == 0, child.stderr
+    mirrors = [e for e in _entries(user_cache_dir) if bucket in os.path.basename(e)]
+    assert len(mirrors) == 1 and child.stdout.strip() == mirrors[0], (mirrors, child.stdout)
+    # The real folder's new entries, of this test's bucket only: other programs of the machine may use the
+    # real cache meanwhile.
+    written = [e for e in _entries(REAL_CACHE_DIR) if e not in before and bucket in os.path.basename(e)]
+    assert written == [], f"the suite wrote into the user's cache: {written}"
 
 
 def test_s3_lmdb_reads_as_local(s3_server, tiny_data, tmp_path):

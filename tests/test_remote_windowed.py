@@ -178,6 +178,32 @@ def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
     run_argv(argv)
 
 
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_the_cache_limit_floor_is_the_one_docs_reading_states(s3_server, eight_shards, tmp_path, window):
+    """docs/reading.md: with ``--order shards --order-shards W`` the trainer prefetches max(2, W) shards, so a
+    ``--cache-limit`` under (1 + max(2, W)) times the largest shard is refused in one line (3 times it for
+    W = 1, not 2), and that floor itself is taken."""
+    from argparse import Namespace
+
+    from convert.format.cache import CacheFullError, ShardCache
+    from train.data import cache_settings
+
+    url = s3_server.upload(eight_shards, s3_server.bucket())
+    largest = max(ShardCache(url, CacheSettings(cache_dir=str(tmp_path / "probe"))).sizes)
+    times = 1 + max(2, window)
+
+    def settings(limit: int) -> CacheSettings:
+        return cache_settings(Namespace(order="shards", order_shards=window, cache_dir=str(tmp_path / "cache"),
+                                        cache_limit=limit))
+
+    assert settings(1).prefetch == max(2, window)
+    with pytest.raises(CacheFullError) as refused:
+        ShardCache(url, settings(times * largest - 1))
+    msg = str(refused.value)
+    assert "\n" not in msg and f"({largest} bytes) times {times} (one read, {times - 1} prefetched)" in msg, msg
+    assert ShardCache(url, settings(times * largest)).limit == times * largest
+
+
 def test_the_trainers_start_up_check_downloads_one_shard(s3_server, eight_shards, tmp_path):
     """Checking the clip shape of a remote conversion reads the shards already cached, else the first: it must
     not download the data (Kinetics from a bucket is terabytes)."""

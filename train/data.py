@@ -78,7 +78,8 @@ class DataShape:
     their aspect ratio (``--short-side`` conversions); ``short_side`` is then the
     short side every frame has. ``video_clips``: the stored clips of each video,
     in the reader's order (what the training sampler deals out); ``identity``:
-    what identifies the conversion (``data_identity``).
+    what identifies the conversion (``data_identity``); ``fingerprint``: its content fingerprint
+    (``data_fingerprint``).
     """
 
     classes: list[str]
@@ -87,6 +88,7 @@ class DataShape:
     short_side: int | None
     video_clips: tuple[int, ...] = ()
     identity: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: str | None = None
 
 
 def data_identity(manifest: Any) -> dict[str, Any]:
@@ -98,6 +100,13 @@ def data_identity(manifest: Any) -> dict[str, Any]:
         h.update(f"{shard.sha256};".encode())
     return {"clips": int(manifest.totals.clips), "videos": int(manifest.totals.videos),
             "shards": len(manifest.shards), "sha256": h.hexdigest()}
+
+
+def data_fingerprint(manifest: Any) -> str | None:
+    """The conversion's content fingerprint (FORMAT.md, *Content fingerprint*): the same for the same clips
+    however they were sharded, so two runs (or two labs) can tell whether they trained on the same data. None
+    for a conversion written before fingerprints were recorded."""
+    return getattr(manifest, "fingerprint", None)
 
 
 def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSettings | None = None) -> DataShape:
@@ -144,7 +153,7 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSe
         where = f"frames of {frame[0]}x{frame[1]}" if frame else f"frames whose short side is {smallest}"
         raise TrainError(f"{flag} {root}: --crop-size {crop_size} does not fit {where}")
     return DataShape(list(store.classes), clip_len, frame, int(short) if short else None,
-                     tuple(int(n) for n in store.video_clips), data_identity(manifest))
+                     tuple(int(n) for n in store.video_clips), data_identity(manifest), data_fingerprint(manifest))
 
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,

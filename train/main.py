@@ -403,7 +403,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                     # position, the global position over all ranks, the world size and the global batch.
                     "sampler": {**position, "global_batch": cfg.global_batch},
                     "best": tracker.state_dict(),
-                    "rng": rngs, "classes": classes, "data": dict(shape.identity), "config": cfg.to_dict(),
+                    "rng": rngs, "classes": classes, "data": dict(shape.identity),
+                    "data_fingerprint": shape.fingerprint, "config": cfg.to_dict(),
                 }, cfg.out, st.step, cfg.keep_last, previous=intact[0])
             intact[0] = ckpt_io.step_path(cfg.out, st.step)  # every rank: each names it when its reader fails
 
@@ -411,6 +412,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                    f"{device.type} | batch {cfg.batch_size}/process (accum {cfg.accum_steps}), global "
                    f"{cfg.global_batch} | lr {plan.lr:.3g} ({cfg.schedule}) | amp {cfg.amp} | "
                    f"{cfg.steps_per_epoch} steps/epoch | loader {cfg.loader}")
+        _say(info, f"data {cfg.data}: content fingerprint "
+                   f"{shape.fingerprint or 'none (converted before fingerprints were recorded)'}")
         _say(info, plan.why)
         if rng is not None:
             ckpt_io.set_rng_state(rng)  # last, after anything that might draw (model init, DDP, compile)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .codecs import Codec, get_codec
 from .errors import FormatError
-from .layout import ClipHeader, pack_header, plain_name
+from .layout import HEADER_SIZE, ClipHeader, pack_header, plain_name
 from .manifest import DATA_KEYS
 from .records import VideoRecord
 
@@ -44,18 +44,59 @@ def option(default: Any, *, flag: str, help: str, parse: str = "value") -> Any:
     return field(default=default, metadata={"flag": flag, "help": help, "parse": parse})
 
 
-def headers_checksum(headers: Iterator[bytes | memoryview]) -> str:
-    """Version 2 shard checksum: SHA-256 over every clip's header (36 + n bytes) in reading order.
+CONTENT_KEY = "content"  # a shard's share of the conversion's content fingerprint, in its summary and entry
 
-    The header carries the clip's identity (video id, clip index), shape,
-    label and its payload's CRC-32 and length, so a change to any payload
-    byte is caught by its CRC and a lost, added, renamed or re-ordered clip
-    by this checksum, without hashing the shard's bulk twice.
+
+class ContentSum:
+    """A shard's share of its conversion's content fingerprint (FORMAT.md, *Content fingerprint*).
+
+    Per video, SHA-256 over its clips' headers in clip order (each header
+    names the video, the clip, its label, shape, codec and its payload's
+    CRC-32 and length); the share is the sum of those digests modulo 2**256.
+    A sum, so that the fingerprint of a conversion is the same however its
+    videos were dealt over shards and processes. Feed it the headers of a
+    shard in reading order (a video's clips are consecutive there).
     """
-    h = hashlib.sha256()
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._video: bytes | None = None
+        self._hash: Any = None
+
+    def add(self, header: bytes | memoryview) -> None:
+        """One clip's header bytes (``HEADER_SIZE`` + its id's length)."""
+        video = bytes(header[HEADER_SIZE:])
+        if video != self._video:
+            self._close()
+            self._video, self._hash = video, hashlib.sha256()
+        self._hash.update(header)
+
+    def _close(self) -> None:
+        if self._hash is not None:
+            self.total = (self.total + int.from_bytes(self._hash.digest(), "big")) % (1 << 256)
+            self._hash = None
+
+    def hexdigest(self) -> str:
+        """The share as 64 lowercase hex digits."""
+        self._close()
+        return f"{self.total:064x}"
+
+
+def summarize_headers(headers: Iterator[bytes | memoryview]) -> tuple[str, str]:
+    """(the shard checksum; the shard's ``ContentSum``) in one pass over its clips' headers in reading order.
+
+    The shard checksum (FORMAT.md, *Shard checksum*) is SHA-256 over every
+    clip's header (36 + n bytes) in reading order. The header carries the
+    clip's identity (video id, clip index), shape, label and its payload's
+    CRC-32 and length, so a change to any payload byte is caught by its CRC
+    and a lost, added, renamed or re-ordered clip by this checksum, without
+    hashing the shard's bulk twice.
+    """
+    h, content = hashlib.sha256(), ContentSum()
     for header in headers:
         h.update(header)
-    return h.hexdigest()
+        content.add(header)
+    return h.hexdigest(), content.hexdigest()
 
 
 def _short(value: Any) -> str:
@@ -157,7 +198,7 @@ class ShardWriter(ABC):
     def finish(self) -> dict:
         """Make the shard durable and mark it complete; returns its summary.
 
-        The summary has ``SUMMARY_KEYS`` and the backend's ``manifest_extras``.
+        The summary has ``SUMMARY_KEYS``, ``CONTENT_KEY`` and the backend's ``manifest_extras``.
         """
 
     @abstractmethod
@@ -320,5 +361,5 @@ class Backend:
             raise ValueError(f"{self.name} options: {exc}") from None
 
 
-__all__ = ["SUMMARY_KEYS", "Backend", "ClipProducer", "ShardFiles", "ShardIndex", "ShardReader", "ShardWriter",
-           "Visitor", "headers_checksum", "option"]
+__all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
+           "ShardReader", "ShardWriter", "Visitor", "option", "summarize_headers"]

@@ -12,10 +12,12 @@ also stores (its metadata), compared field by field by ``check_shard_meta``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -206,6 +208,9 @@ class ShardEntry:
         relative_path(path, "path", w)
         if "files" in d:
             _check_files(d["files"], f"{w}: files")
+        content = d.get("content")
+        if content is not None and not (isinstance(content, str) and _HEX64.fullmatch(content)):
+            raise FormatError(f"{w}: content {_short(content)} is not 64 lowercase hex digits")
         # A reordered list is caught against the shards' own metadata, which says where each shard belongs
         # (check_shard_meta), so the index is read, not judged, here.
         index = _get(d, "index", int, w)
@@ -252,6 +257,7 @@ class Manifest:
     status_counts: dict[str, int]
     source: dict[str, Any]
     created: str
+    fingerprint: str | None = None  # content_fingerprint; None for a conversion written before it was recorded
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -266,7 +272,8 @@ class Manifest:
         return {"format": FORMAT_NAME, "format_version": self.format_version, **self.data.to_dict(),
                 "num_classes": self.num_classes, "shards": [s.to_dict() for s in self.shards],
                 "totals": self.totals.to_dict(), "status_counts": dict(self.status_counts),
-                "source": dict(self.source), "created": self.created}
+                "source": dict(self.source), "created": self.created,
+                **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Manifest:
@@ -290,12 +297,31 @@ class Manifest:
         counts = _get(d, "status_counts", dict, where)
         for k in counts:
             _count(counts, k, f"{where}: status_counts")
+        fingerprint = d.get("fingerprint")
+        if fingerprint is not None and not (isinstance(fingerprint, str) and _HEX64.fullmatch(fingerprint)):
+            raise FormatError(f"{where}: fingerprint {_short(fingerprint)} is not 64 lowercase hex digits")
         return cls(format_version=version, data=data, shards=shards, totals=totals, status_counts=dict(counts),
-                   source=dict(_get(d, "source", dict, where)), created=_get(d, "created", str, where))
+                   source=dict(_get(d, "source", dict, where)), created=_get(d, "created", str, where),
+                   fingerprint=fingerprint)
 
     def shard_path(self, root: str, index: int) -> str:
         """Where shard ``index`` lies for the conversion at ``root``."""
         return os.path.join(root, self.shards[index].path)
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# The data settings the content fingerprint covers: what decides a clip's pixels and labels, not where or how
+# the clips are stored (the backend) or what was done with damaged videos (their clips are counted anyway).
+FINGERPRINT_FIELDS = ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip")
+
+
+def content_fingerprint(data: DataSpec, contents: Sequence[str]) -> str:
+    """A conversion's content fingerprint (FORMAT.md, *Content fingerprint*) from its data settings and its
+    shards' content sums (``convert.format.base.ContentSum``), in any order."""
+    settings = {k: v for k, v in data.to_dict().items() if k in FINGERPRINT_FIELDS}
+    total = sum(int(c, 16) for c in contents) % (1 << 256)
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode() + total.to_bytes(32, "big")).hexdigest()
 
 
 def read_manifest(root: str) -> Manifest:
@@ -350,5 +376,5 @@ def check_plan(root: str, manifest: Manifest) -> None:
         raise FormatError(f"{os.path.join(root, MANIFEST)}: the plan has {len(planned)} shards, the manifest {what}")
 
 
-__all__ = ["DATA_KEYS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "ShardEntry", "Totals",
-           "check_plan", "check_shard_meta", "read_manifest", "shard_meta"]
+__all__ = ["DATA_KEYS", "FINGERPRINT_FIELDS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "ShardEntry",
+           "Totals", "check_plan", "check_shard_meta", "content_fingerprint", "read_manifest", "shard_meta"]

@@ -20,10 +20,11 @@ import signal
 from collections.abc import Callable, Sequence
 
 from .backends import get_backend
+from .base import CONTENT_KEY, ContentSum
 from .codecs import codec_for_id
 from .errors import FormatError, ShardMissing
 from .layout import check_crc
-from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
+from .manifest import Manifest, check_plan, check_shard_meta, content_fingerprint, read_manifest
 from .system import cpu_count, stop_signals_blocked, unblock_stop_signals
 
 
@@ -52,7 +53,7 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
     n_classes = manifest.num_classes
     shape = manifest.data.clip_shape
     clips = value_bytes = 0
-    h = hashlib.sha256()
+    h, content = hashlib.sha256(), ContentSum()
     try:
         problems += reader.check_storage()
         records = reader.records()
@@ -66,6 +67,7 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
             clips += 1
             value_bytes += header.value_len
             h.update(header_bytes)
+            content.add(header_bytes)
             where = reader.where(header.video_id, header.clip_index)
             try:
                 check_crc(payload, header)
@@ -93,6 +95,10 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
         problems.append(f"{name}: holds {value_bytes} value bytes, manifest says {meta.value_bytes}")
     if sha != meta.sha256:
         problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta.sha256[:16]}...")
+    recorded = meta.extras.get(CONTENT_KEY)
+    if recorded is not None and content.hexdigest() != recorded:
+        problems.append(f"{name}: content sum {content.hexdigest()[:16]}... differs from manifest "
+                        f"{str(recorded)[:16]}...")
     return problems
 
 
@@ -180,10 +186,18 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
 
 
 def totals_problems(manifest: Manifest, where: str) -> list[str]:
-    """The manifest's totals that its shards' counts do not add up to (``where`` names the manifest)."""
-    return [f"{where}: shard {key} counts do not add up to totals.{key}"
-            for key in ("clips", "videos", "value_bytes")
-            if sum(getattr(m, key) for m in manifest.shards) != getattr(manifest.totals, key)]
+    """The manifest's totals that its shards' counts do not add up to, and a content fingerprint that does not
+    follow from its shards' content sums (``where`` names the manifest)."""
+    problems = [f"{where}: shard {key} counts do not add up to totals.{key}"
+                for key in ("clips", "videos", "value_bytes")
+                if sum(getattr(m, key) for m in manifest.shards) != getattr(manifest.totals, key)]
+    contents = [m.extras.get(CONTENT_KEY) for m in manifest.shards]
+    if manifest.fingerprint is not None:
+        sums = [c for c in contents if isinstance(c, str)]
+        if len(sums) != len(contents) or content_fingerprint(manifest.data, sums) != manifest.fingerprint:
+            problems.append(f"{where}: fingerprint {manifest.fingerprint[:16]}... does not follow from its shards' "
+                            f"content sums")
+    return problems
 
 
 def checked_counts(manifest: Manifest) -> dict:

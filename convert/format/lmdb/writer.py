@@ -18,7 +18,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import lmdb
 import numpy as np
 
-from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
+from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_headers
 from ..errors import ShardDamaged, StoreError, StoreFullError, make_folder, store_error, storing
 from ..layout import header_len
 from ..records import VideoRecord
@@ -280,13 +280,13 @@ class LmdbWriter(ShardWriter):
                         value_bytes += len(value)
                         yield value[:header_len(value)]
 
-            sha = headers_checksum(headers())
+            sha, content = summarize_headers(headers())
         held = sum(r.clips for r in records)
         if held != stored:
             raise ValueError(f"{self.path}: video records count {held} clips, shard holds {stored}")
         where = (lambda vid: clip_key(vid, 0)) if self.options.compact else first_at.__getitem__
         order = sorted(first_at, key=where)
-        return dict(zip(SUMMARY_KEYS, (len(records), held, value_bytes, sha))), order
+        return {**dict(zip(SUMMARY_KEYS, (len(records), held, value_bytes, sha))), CONTENT_KEY: content}, order
 
     @_machine("finishing")
     def finish(self) -> dict:

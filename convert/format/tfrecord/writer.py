@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..base import SUMMARY_KEYS, ClipProducer, ShardWriter, headers_checksum
+from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_headers
 from ..errors import FormatError, ShardDamaged, StoreError, make_folder, storing
 from ..layout import read_json_file, unpack_header, write_json_atomic
 from ..parts import PartLog, fsync_path, latest_records
@@ -186,8 +186,9 @@ class TFRecordWriter(ShardWriter):
                     value_bytes += head.value_len
                     yield header_bytes
 
-            sha = headers_checksum(headers())  # first: it counts value_bytes as it reads
+            sha, content = summarize_headers(headers())  # first: it counts value_bytes as it reads
             summary = dict(zip(SUMMARY_KEYS, (len(records), sum(r.clips for r in records), value_bytes, sha)))
+            summary[CONTENT_KEY] = content
             summary["files"] = reader.files()
         finally:
             reader.close()
