@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 import pytest
@@ -27,3 +29,18 @@ def test_main_prints_every_row_and_the_start_up_table(videos, tmp_path, capsys):
     for name in [bench.BASE, *bench.CONVERSIONS]:
         assert rows[name] > 0, name
     assert re.search(r"^\| +1 \|", out, re.M) and re.search(r"^\| +2 \|", out, re.M)  # start-up: 1 and 2 videos
+
+
+def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys):
+    from benchmarks.scale import STAGES
+    from benchmarks.scale import main as scale_main
+
+    assert scale_main(["--sizes", "12,24", "--classes", "4", "--missing", "0.25", "--workers", "1",
+                       "--work", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["videos"] for r in rows] == [12, 24]
+    assert [r["clips"] for r in rows] == [9, 18]  # a quarter of the annotated videos have no file
+    assert all(r[k] > 0 for r in rows for k in STAGES if k != "sampler_epoch_s")
+    assert "growth from N=12 to N=24" in out and "| videos |" in out
+    assert not os.path.exists(tmp_path / "w" / "out_12")  # each size's conversion removed unless --keep
