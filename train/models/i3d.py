@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Conv3d, init_resnet, scaled
+from .layers import Conv3d, PooledResNet, scaled
 
 STAGES = (64, 128, 256, 512)
 BLOCKS = (3, 4, 6, 3)
@@ -69,7 +69,7 @@ class Bottleneck(nn.Module):
         return self.relu(self.bn3(self.conv3(out)) + identity)
 
 
-class I3DResNet50(nn.Module):
+class I3DResNet50(PooledResNet):
     """I3D-R50 for clips shaped (N, 3, T, H, W); returns logits (N, num_classes). See the module docstring.
 
     Args:
@@ -104,14 +104,7 @@ class I3DResNet50(nn.Module):
                 c_in = p * EXPANSION
             stages.append(nn.Sequential(*layer))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.avgpool = nn.AdaptiveAvgPool3d(1)
-        self.dropout = nn.Dropout(dropout)
-        self.fc = nn.Linear(c_in, num_classes)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """mmaction2's initialisation (see the class docstring)."""
-        init_resnet(self)
+        self.add_head(c_in, num_classes, dropout)
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
         """conv1, BN, ReLU and the first max-pool."""
@@ -121,14 +114,6 @@ class I3DResNet50(nn.Module):
         """Everything before the global pooling: (N, 2048 x width, T', H', W')."""
         x = self.pool2(self.layer1(self.stem(x)))
         return self.layer4(self.layer3(self.layer2(x)))
-
-    def features_and_logits(self, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """({"pool": the pooled features}, logits)."""
-        pooled = torch.flatten(self.avgpool(self.trunk(x)), 1)
-        return {"pool": pooled}, self.fc(self.dropout(pooled))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features_and_logits(x)[1]
 
 
 def i3d_r50(num_classes: int, *, width: float = 1.0, dropout: float = 0.5, clip_len: int = 32,

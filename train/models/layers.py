@@ -63,9 +63,39 @@ def init_resnet(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+class PooledResNet(nn.Module):
+    """What the 3-D ResNets share after their trunk: global average pooling, dropout, a linear classifier
+    (``avgpool``, ``dropout``, ``fc``: torchvision's names), their initialisation (``init_resnet``), and
+    ``features_and_logits``/``forward``. A subclass builds its layers, then ``add_head``, and defines ``trunk``."""
+
+    def add_head(self, features: int, num_classes: int, dropout: float) -> None:
+        """The pooling, dropout and classifier over ``features`` channels, registered after the trunk's layers
+        (so the state dict's order is torchvision's), then every weight initialised."""
+        self.avgpool = nn.AdaptiveAvgPool3d(1)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(features, num_classes)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torchvision's (and mmaction2's) initialisation: ``init_resnet``."""
+        init_resnet(self)
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """Everything before the global pooling: (N, C, T', H', W')."""
+        raise NotImplementedError
+
+    def features_and_logits(self, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """({"pool": the pooled features}, logits)."""
+        pooled = torch.flatten(self.avgpool(self.trunk(x)), 1)
+        return {"pool": pooled}, self.fc(self.dropout(pooled))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features_and_logits(x)[1]
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["Conv3d", "count_parameters", "init_resnet", "scaled"]
+__all__ = ["Conv3d", "PooledResNet", "count_parameters", "init_resnet", "scaled"]

@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .layers import Conv3d, init_resnet, scaled
+from .layers import Conv3d, PooledResNet, scaled
 
 STAGES = (64, 128, 256, 512)
 BLOCKS = (2, 2, 2, 2)
@@ -115,7 +115,7 @@ def r2plus1d_stem(c_out: int, mid: int) -> nn.Sequential:
         nn.BatchNorm3d(c_out), nn.ReLU(inplace=True))
 
 
-class VideoResNet(nn.Module):
+class VideoResNet(PooledResNet):
     """A stem, four stages of BasicBlocks (``convs``: one convolution maker per stage), pooling, classifier.
 
     Clips shaped (N, 3, T, H, W) give logits (N, num_classes). Initialised as
@@ -141,27 +141,12 @@ class VideoResNet(nn.Module):
             stages.append(nn.Sequential(*layer))
             c_in = c_out
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.avgpool = nn.AdaptiveAvgPool3d(1)
-        self.dropout = nn.Dropout(dropout)
-        self.fc = nn.Linear(c_in, num_classes)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """torchvision's initialisation (see the class docstring)."""
-        init_resnet(self)
+        self.add_head(c_in, num_classes, dropout)
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
         """The stem and the four stages: (N, 512 x width, T', H', W')."""
         x = self.stem(x)
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
-
-    def features_and_logits(self, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """({"pool": the pooled features}, logits)."""
-        pooled = torch.flatten(self.avgpool(self.trunk(x)), 1)
-        return {"pool": pooled}, self.fc(self.dropout(pooled))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features_and_logits(x)[1]
 
 
 def r3d_18(num_classes: int, *, width: float = 1.0, dropout: float = 0.0, clip_len: int = 16,
