@@ -27,7 +27,8 @@ from .format.layout import MAX_CLIP_INDEX
 from .format.remote import Remote, RemoteError, check_url, is_url
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
-from .sources import SourceError
+from .progress import line_interval
+from .sources import SourceError, split_problem
 from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
 
@@ -42,7 +43,8 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                    "file defaults to its own folder). Entries are checked lexically, after normalising '..': "
                    "one that leaves the root is rejected; symlinks inside the root are followed wherever they "
                    "point, by design")
-    g.add_argument("--split", help="CSV only: keep rows whose 'split' column equals this (train, val, test)")
+    g.add_argument("--split", help="CSV only (refused with another SRC): keep rows whose 'split' column equals this "
+                                   "(train, val, test)")
     g.add_argument("--classes", metavar="FILE", dest="classes_file",
                    help="class names, one per line, fixing label order (default: the sorted labels of every row "
                    "of a CSV, all splits; of the entries found otherwise)")
@@ -94,7 +96,8 @@ def add_convert_options(p: argparse.ArgumentParser) -> None:
                         "instead of calling the OOM killer (default: no limit)")
     g.add_argument("--dask", metavar="ADDRESS", help="run shards on a Dask cluster (scheduler address, or 'local'); "
                    "OUT must be on storage every Dask worker sees")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal), no progress line every minute (written to a log or a pipe)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -179,8 +182,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOption
                            max_clips=args.max_clips, short=args.short, on_damage=args.on_damage)
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
                          store=store_options(args, config.backend), max_memory=args.max_memory)
+    # On a terminal a bar; written to a log or a pipe, where a bar is no use, a line at an interval instead.
+    terminal = sys.stderr.isatty()
     opts = JobOptions(workers=args.workers, shards=args.shards, shard=shard, dask=args.dask,
-                      progress=not args.no_progress and sys.stderr.isatty())
+                      progress=not args.no_progress and terminal,
+                      progress_every=None if args.no_progress or terminal else line_interval())
     return config, opts
 
 
@@ -267,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser = build_parser()
     args = parser.parse_args(argv)
+    split_error = split_problem(args.src, args.split)
+    if split_error is not None:
+        parser.error(split_error)  # a usage error (status 2) before any work, as a bad option value is
     previous = _stop_on_signals()
     try:
         return _convert(args)
@@ -296,7 +305,7 @@ def _convert(args: argparse.Namespace) -> int:
             raise ValueError("--staging is for an OUT that is a URL")
         result = run_job(args.src, target, config, opts, videos=args.videos, split=args.split,
                          classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
-                         say=say)
+                         say=say, staging_of=args.out if target != args.out else None)
         if target != args.out:
             from .upload import upload_conversion
 

@@ -36,14 +36,16 @@ SPACE_WAIT = 10.0
 
 
 def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
-            split: str | None = None, classes_file: str | None = None, source: Source | None = None) -> Plan:
-    """Check arguments, read the source (unless given) and write (or reuse) the plan."""
-    check_out(out, config)
+            split: str | None = None, classes_file: str | None = None, source: Source | None = None,
+            staging_of: str | None = None) -> Plan:
+    """Check arguments, read the source (unless given) and write (or reuse) the plan. ``staging_of``: the URL
+    whose staging folder ``out`` is (errors then advise another ``--staging`` folder, not another OUT)."""
+    check_out(out, config, staging_of=staging_of)
     source_info = {"path": os.path.abspath(src), "videos": os.path.abspath(videos) if videos else None,
                    "split": split}
     existing = load_plan(out) if os.path.isdir(out) else None
     if existing is not None:
-        check_same(existing, config, source_info, out)
+        check_same(existing, config, source_info, out, staging_of=staging_of)
         return existing
     if source is None:
         source = admit(load_source(src, videos=videos, split=split, classes_file=classes_file), config.backend)
@@ -60,7 +62,8 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
 
 def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, videos: str | None = None,
             split: str | None = None, classes_file: str | None = None, add_new: bool = False,
-            retry_failed: bool = False, say: Callable[[str], None] | None = None) -> dict:
+            retry_failed: bool = False, say: Callable[[str], None] | None = None,
+            staging_of: str | None = None) -> dict:
     """Convert ``src`` into shards under ``out``; returns the manifest (plus timing and notes).
 
     One job at a time per OUT: a second one raises PlanError naming the first.
@@ -69,10 +72,12 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     holds but the plan lacks are counted, and with ``add_new`` converted into
     new shards. ``retry_failed`` converts again the videos recorded as failed
     (finished or not). ``say`` receives one-line notes about all of this.
+    ``staging_of``: the URL whose local staging folder ``out`` is; an OUT
+    that cannot take the job then advises another ``--staging`` folder.
     """
     say = say or (lambda message: None)
     source_kw = {"videos": videos, "split": split, "classes_file": classes_file}
-    check_out(out, config)  # before OUT or its lock file is created
+    check_out(out, config, staging_of=staging_of)  # before OUT or its lock file is created
     if not opts.dask:
         prestart()  # the shard processes' fork server imports while the source is read and planned
     source = None
@@ -80,8 +85,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     if not rerun:
         # Read the source before creating OUT, so a bad source leaves nothing behind.
         source = admit(load_source(src, **source_kw), config.backend)
-    with hold_out(out):
-        plan = prepare(src, out, config, opts, source=source, **source_kw)
+    with hold_out(out, staging_of=staging_of):
+        plan = prepare(src, out, config, opts, source=source, staging_of=staging_of, **source_kw)
         if rerun:
             source = read_source_again(src, out, add_new, say, **source_kw)
             source = admit(source, config.backend) if source is not None else None
@@ -98,7 +103,7 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
                 raise PlanError(f"{exc}; move it aside to finish the conversion again") from None
             redo = shards_to_repair(out, plan, manifest, notes, say, held)
         if rerun and source is not None:
-            added = new_videos(out, plan, source, opts, add_new, notes, say)
+            added = new_videos(out, plan, source, opts, add_new, notes, say, staging_of=staging_of)
             if redo is not None:
                 redo |= added
         retry = failed_videos(out, plan, held=held) if retry_failed else {}
@@ -124,7 +129,8 @@ def run_job(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
                            timeout=opts.shard.video_timeout)
         space.start()
         t0 = time.monotonic()
-        bar = ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo})
+        bar = ProgressBar(out, total, opts.progress, None if redo is None else {shard_name(i) for i in redo},
+                          every=opts.progress_every)
         bar.start()
         try:
             summaries = run_shards(out, plan, opts, redo, retry)

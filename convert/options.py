@@ -25,7 +25,9 @@ class JobOptions:
     shards: int | None = None
     shard: ShardOptions = ShardOptions()
     dask: str | None = None  # scheduler address, or "local" for a LocalCluster
-    progress: bool = True
+    progress: bool = True  # the tqdm bar (the command line's choice: on a terminal, without --no-progress)
+    # Seconds between progress lines where no bar is drawn (a log, a pipe); None: no lines.
+    progress_every: float | None = None
 
 
 __all__ = ["MAX_DECODE_THREADS", "MAX_RETRIES", "MAX_SHARDS", "MAX_TIMEOUT", "MAX_WORKERS", "MIN_MEMORY",

@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from .format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
 from .format.errors import store_error, storing
 from .format.layout import read_json_file
-from .plan import ConvertConfig, PlanError
+from .plan import ConvertConfig, PlanError, another_out
 
 
-def check_out(out: str, config: ConvertConfig) -> None:
-    """Refuse an OUT that holds something else, before any work."""
+def check_out(out: str, config: ConvertConfig, *, staging_of: str | None = None) -> None:
+    """Refuse an OUT that holds something else, before any work; ``staging_of``: the URL whose staging folder
+    ``out`` is, for the advice (``plan.another_out``)."""
+    another = another_out(staging_of)
     if not os.path.exists(out):
         return
     if not os.path.isdir(out):
@@ -30,13 +32,14 @@ def check_out(out: str, config: ConvertConfig) -> None:
             raise PlanError(str(exc)) from None
         if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
             got = m.get("format") if isinstance(m, dict) else type(m).__name__
-            raise PlanError(f"{out}: holds a {got!r} dataset, not {FORMAT_NAME}; use another OUT")
+            raise PlanError(f"{out}: holds a {got!r} dataset, not {FORMAT_NAME}; use {another}")
         if m.get("backend") != config.backend:
-            raise PlanError(f"{out}: holds {m.get('backend')} shards, asked for {config.backend}; use another OUT")
+            raise PlanError(f"{out}: holds {m.get('backend')} shards, asked for {config.backend}; use {another}")
     elif not os.path.exists(os.path.join(out, PLAN)) and not os.path.exists(os.path.join(out, LOCK)) \
             and os.listdir(out):
         # A lock file without a plan: a job that started here and has not written its plan yet.
-        raise PlanError(f"{out}: not empty and holds no conversion; use an empty or new folder")
+        folder = "an empty or new " + ("folder" if staging_of is None else f"--staging folder for {staging_of}")
+        raise PlanError(f"{out}: not empty and holds no conversion; use {folder}")
 
 
 def _holder(path: str) -> str:
@@ -49,7 +52,7 @@ def _holder(path: str) -> str:
     return "holder unknown"
 
 
-def _lock(out: str, path: str) -> int:
+def _lock(out: str, path: str, staging_of: str | None = None) -> int:
     """A descriptor of OUT's lock file holding its exclusive flock, or PlanError naming the holder.
 
     A job that created OUT and failed before writing anything removes OUT,
@@ -67,7 +70,7 @@ def _lock(out: str, path: str) -> int:
         except BlockingIOError:
             os.close(fd)
             raise PlanError(f"{out}: another conversion is writing it ({_holder(path)}); "
-                            f"wait for it to end, or use another OUT") from None
+                            f"wait for it to end, or use {another_out(staging_of)}") from None
         except OSError as exc:
             os.close(fd)
             raise store_error(exc, "locking", path) from None
@@ -91,7 +94,7 @@ def _remove_if_empty(out: str) -> None:
 
 
 @contextlib.contextmanager
-def hold_out(out: str) -> Iterator[None]:
+def hold_out(out: str, *, staging_of: str | None = None) -> Iterator[None]:
     """Hold OUT's exclusive lock for the job's lifetime, or raise PlanError naming the holder.
 
     flock belongs to the open file, so the kernel releases it when the holding
@@ -99,10 +102,11 @@ def hold_out(out: str) -> Iterator[None]:
     taken over by the next job. The lock file is deleted only with OUT itself:
     when this job created OUT and fails before writing anything into it, it
     leaves no empty OUT behind (still holding the lock while it removes it).
+    ``staging_of``: the URL whose staging folder ``out`` is, for the advice.
     """
     created = not os.path.lexists(out)
     path = os.path.join(out, LOCK)
-    fd = _lock(out, path)
+    fd = _lock(out, path, staging_of)
     try:
         who = {"host": socket.gethostname(), "pid": os.getpid(),
                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -37,6 +37,18 @@ class PlanError(ValueError):
     """OUT cannot take this job (another format, other settings)."""
 
 
+def another_out(staging_of: str | None = None) -> str:
+    """What a message advises instead of an OUT that cannot take this job: ``another OUT``; or, when that folder
+    is the local staging folder of the URL ``staging_of``, ``another --staging folder``.
+
+    The conflict is then in the staging folder, not at the URL: another
+    URL given with the same ``--staging`` would meet the same folder.
+    """
+    if staging_of is None:
+        return "another OUT"
+    return f"another --staging folder (this one stages {staging_of})"
+
+
 @dataclass(frozen=True)
 class ConvertConfig:
     """Everything that decides the bytes in the shards."""
@@ -170,12 +182,13 @@ def admit(source: Source, backend: str) -> Source:
     return Source(kept, source.classes, problems, source.kind)
 
 
-def add_shards(plan: Plan, source: Source, n_shards: int) -> list[VideoItem]:
+def add_shards(plan: Plan, source: Source, n_shards: int, *, staging_of: str | None = None) -> list[VideoItem]:
     """Append the source's videos that the plan lacks as ``n_shards`` new shards; returns them.
 
     The existing shards keep their videos, so their bytes stay as they are.
     Problems the plan recorded for videos that are now there are dropped, and
-    the source's other new problems are added.
+    the source's other new problems are added. ``staging_of``: the URL whose
+    staging folder the plan is in (``another_out``).
     """
     if source.classes != plan.classes:
         gone = [c for c in plan.classes if c not in source.classes]
@@ -183,7 +196,8 @@ def add_shards(plan: Plan, source: Source, n_shards: int) -> list[VideoItem]:
         what = "; ".join(filter(None, [f"new: {', '.join(new)}" if new else "",
                                        f"gone: {', '.join(gone)}" if gone else ""])) or "same names, other order"
         raise PlanError(f"the source's class list differs from the plan's ({what}); adding videos cannot relabel "
-                        f"converted shards: give --classes with the plan's list, or convert into another OUT")
+                        f"converted shards: give --classes with the plan's list, or convert into "
+                        f"{another_out(staging_of)}")
     planned = {it.id for shard in plan.shards for it in shard}
     items = [it for it in source.items if it.id not in planned]
     if not items:
@@ -209,14 +223,17 @@ def load_plan(out: str) -> Plan | None:
     return Plan.from_dict(d)
 
 
-def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: str) -> None:
-    """Refuse a rerun whose settings would give different bytes than the first run."""
+def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: str, *,
+               staging_of: str | None = None) -> None:
+    """Refuse a rerun whose settings would give different bytes than the first run; ``staging_of``: the URL whose
+    staging folder ``out`` is, for the advice (``another_out``)."""
+    another = another_out(staging_of)
     old, new = existing.config.to_dict(), config.to_dict()
     diffs = [f"{k} {old[k]!r} -> {new[k]!r}" for k in old if old[k] != new.get(k)]
     if existing.config.backend != config.backend:
-        raise PlanError(f"{out}: holds {existing.config.backend} shards, asked for {config.backend}; use another OUT")
+        raise PlanError(f"{out}: holds {existing.config.backend} shards, asked for {config.backend}; use {another}")
     if diffs:
-        raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use another OUT or the "
+        raise PlanError(f"{out}: was converted with other settings ({'; '.join(diffs)}); use {another} or the "
                         f"same options")
     # The plan's videos are absolute paths, so a rerun from another working directory, or naming the source
     # by another path to the same place, finds them; one whose source is another place is refused.
@@ -224,10 +241,13 @@ def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: st
         was, now = existing.source.get(key), source_info.get(key)
         if not _same_place(was, now):
             raise PlanError(f"{out}: was converted from {what} {was}, not {now}; run it with the same source, or "
-                            f"use another OUT")
-    if existing.source.get("split") != source_info.get("split"):
+                            f"use {another}")
+    # A split means something for a CSV only: a plan of another kind of source that records one (written before
+    # --split was refused for it, which selected nothing) is the same source without it.
+    split_matters = existing.source.get("kind") in (None, "csv")
+    if split_matters and existing.source.get("split") != source_info.get("split"):
         raise PlanError(f"{out}: was converted with --split {existing.source.get('split')}, not "
-                        f"{source_info.get('split')}; use another OUT or the same split")
+                        f"{source_info.get('split')}; use {another} or the same split")
 
 
 def _same_place(a: str | None, b: str | None) -> bool:

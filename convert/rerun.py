@@ -99,8 +99,9 @@ def shards_to_repair(out: str, plan: Plan, manifest: Manifest, notes: dict, say:
 
 
 def new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new: bool, notes: dict,
-                say: Callable[[str], None]) -> set[int]:
-    """Count the source's videos the plan lacks; with ``add_new``, append them as new shards (their indices)."""
+               say: Callable[[str], None], *, staging_of: str | None = None) -> set[int]:
+    """Count the source's videos the plan lacks; with ``add_new``, append them as new shards (their indices).
+    ``staging_of``: the URL whose staging folder ``out`` is, for the advice of an error."""
     planned = {it.id for shard in plan.shards for it in shard}
     new = sum(it.id not in planned for it in source.items)
     if not new:
@@ -112,7 +113,8 @@ def new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new: 
         return set()
     first = len(plan.shards)
     try:
-        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or cpu_count()))
+        add_shards(plan, source, opts.shards or default_shards(new, opts.workers or cpu_count()),
+                   staging_of=staging_of)
     except PlanError as exc:
         raise PlanError(f"{out}: {exc}") from None
     write_json_atomic(os.path.join(out, PLAN), plan.to_dict(), indent=1)

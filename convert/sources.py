@@ -375,24 +375,51 @@ def _csv_times(row: dict[str, str]) -> tuple[int, int]:
     return times[0], times[1]
 
 
-def csv_rows(csv_path: str) -> list[tuple[int, dict[str, str]]]:
-    """(file line, row) of every row of a Kinetics annotation CSV, its cells stripped; SourceError naming the
-    file when it lacks a required column (``CSV_REQUIRED``) or is not readable as CSV."""
+def csv_table(csv_path: str) -> tuple[list[tuple[int, dict[str, str]]], list[tuple[int, dict[str, str], str]]]:
+    """The rows of a Kinetics annotation CSV: (file line, row) of every well-formed one, its cells stripped;
+    and (file line, row, reason) of every row whose number of fields is not the header's. SourceError naming
+    the file when it lacks a required column (``CSV_REQUIRED``) or is not readable as CSV.
+
+    A row with a field too many or too few has its cells in the wrong
+    columns (a label holding an unquoted comma shifts every cell after it):
+    read by name, it would give a wrong label, id or split without a word.
+    """
     with io.StringIO(read_text(csv_path, "CSV"), newline="") as fh:
-        reader = csv.DictReader(fh)
+        reader = csv.reader(fh)
+        read = 0  # the file line the last row read whole ended on
         try:
-            columns = [c.strip() for c in (reader.fieldnames or [])]
+            columns = [c.strip() for c in next(reader, [])]
+            read = reader.line_num
             missing_cols = [c for c in CSV_REQUIRED if c not in columns]
             if missing_cols:
                 raise SourceError(
                     f"{csv_path}: CSV lacks column(s) {', '.join(missing_cols)}; "
                     f"needs {','.join(CSV_REQUIRED)}[,split][,is_cc], has {','.join(columns) or 'none'}"
                 )
-            # reader.line_num after a row is the file line it ended on (blank lines are skipped).
-            return [(reader.line_num, {k.strip(): (v or "").strip() for k, v in row.items() if k is not None})
-                    for row in reader]
+            rows: list[tuple[int, dict[str, str]]] = []
+            malformed: list[tuple[int, dict[str, str], str]] = []
+            for fields in reader:
+                # reader.line_num after a row is the file line it ended on.
+                n = read = reader.line_num
+                if not fields:
+                    continue  # a blank line
+                row = dict(zip(columns, (v.strip() for v in fields)))
+                if len(fields) != len(columns):
+                    malformed.append((n, row, f"line {n}: {len(fields)} field(s), the header has {len(columns)} "
+                                              f"({','.join(columns)}): not read (a value holding a comma must be "
+                                              f"quoted)"))
+                    continue
+                rows.append((n, row))
+            return rows, malformed
         except csv.Error as exc:
-            raise SourceError(f"{csv_path}: not readable as CSV after line {reader.line_num}: {exc}") from None
+            raise SourceError(f"{csv_path}: not readable as CSV after line {read}: {exc}") from None
+
+
+def csv_rows(csv_path: str) -> list[tuple[int, dict[str, str]]]:
+    """(file line, row) of every well-formed row of a Kinetics annotation CSV, its cells stripped (``csv_table``:
+    a row with too many or too few fields is left out); SourceError naming the file when it lacks a required
+    column (``CSV_REQUIRED``) or is not readable as CSV."""
+    return csv_table(csv_path)[0]
 
 
 def csv_video_id(row: dict[str, str]) -> str:
@@ -407,10 +434,17 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
     if not os.path.isdir(videos):
         raise SourceError(f"{videos}: --videos is not a directory")
     csv_path, videos = os.path.abspath(csv_path), os.path.abspath(videos)
-    rows = csv_rows(csv_path)
+    rows, malformed = csv_table(csv_path)
     index, unusable, problems = _index_tree(videos)
     entries = []
-    for n, row in rows:
+    lines: list[tuple[int, dict[str, str], str | None]] = [(n, row, None) for n, row in rows]
+    lines = sorted(lines + list(malformed), key=lambda line: line[0])
+    for n, row, malformed_reason in lines:
+        if malformed_reason is not None:
+            # Whatever its split, and named by its line: the cells of such a row are in the wrong columns, its
+            # split and youtube_id too.
+            problems.append(Problem(f"line {n}", csv_path, "rejected", malformed_reason))
+            continue
         if split is not None and row.get("split", "") != split:
             continue
         yid = row["youtube_id"]
@@ -564,14 +598,48 @@ def from_folders(root: str, *, classes_file: str | None = None) -> Source:
     return _finish("folders", entries, _read_classes(classes_file), problems)
 
 
+# The kinds of source, as messages name them.
+SOURCE_KINDS = {"csv": "a Kinetics CSV", "list": "a list file", "folders": "a folder of class folders"}
+
+
+def source_kind(src: str) -> str:
+    """The kind of the existing source ``src``, a key of ``SOURCE_KINDS``: a folder, a ``.csv`` file, else a
+    list file."""
+    if os.path.isdir(src):
+        return "folders"
+    return "csv" if src.lower().endswith(".csv") else "list"
+
+
+def split_problem(src: str, split: str | None) -> str | None:
+    """Why ``--split`` cannot be given with the source ``src``, or None when it can (it is not given, the
+    source is a CSV, or ``src`` does not exist: that is said on its own).
+
+    Only a Kinetics CSV has a split column; for any other source the
+    option would select nothing, and a user who gave it believes the
+    conversion holds one split when it holds everything.
+    """
+    if split is None or not os.path.exists(src):
+        return None
+    kind = source_kind(src)
+    if kind == "csv":
+        return None
+    return (f"argument --split: only a Kinetics CSV source has a split column; SRC {src} is "
+            f"{SOURCE_KINDS[kind]}: drop --split, or give the CSV")
+
+
 def load_source(src: str, *, videos: str | None = None, split: str | None = None,
                 classes_file: str | None = None) -> Source:
-    """Pick the reader by what ``src`` is: a folder, a ``.csv`` file, or a list file."""
+    """Pick the reader by what ``src`` is: a folder, a ``.csv`` file, or a list file. SourceError for a
+    ``split`` with a source that is no CSV (``split_problem``)."""
     if not os.path.exists(src):
         raise SourceError(f"{src}: no such file or directory")
-    if os.path.isdir(src):
+    why = split_problem(src, split)
+    if why is not None:
+        raise SourceError(why)
+    kind = source_kind(src)
+    if kind == "folders":
         return from_folders(src, classes_file=classes_file)
-    if src.lower().endswith(".csv"):
+    if kind == "csv":
         if videos is None:
             raise SourceError(f"{src}: a CSV source needs --videos DIR (where the video files are)")
         return from_csv(src, videos, split=split, classes_file=classes_file)

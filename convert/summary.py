@@ -23,26 +23,39 @@ def _shape_of(result: dict) -> str:
 
 
 PROBLEM_STATUSES = ("failed", "partial", "missing", "rejected")
+# Not converted either, by the --short policy's choice: listed after the problems, so these come first.
+SKIPPED_STATUSES = ("short",)
 
 
 def first_problems(out: str, n: int = 5) -> tuple[list[dict], int]:
-    """The first ``n`` records of report.jsonl that are not a policy outcome (short, padded), and how many there are."""
-    found: list[dict] = []
+    """The first ``n`` records of report.jsonl of videos not converted whole, and how many there are.
+
+    The problems (``PROBLEM_STATUSES``) come first, then the videos skipped
+    as too short: every video the summary's counts show as not converted is
+    listed or counted. A ``padded`` video is converted (its clips looped or
+    padded), so it is neither.
+    """
+    problems: list[dict] = []
+    skipped: list[dict] = []
     total = 0
     try:
         with open(os.path.join(out, REPORT)) as fh:
             for line in fh:
                 rec = json.loads(line)
-                if rec.get("status") in PROBLEM_STATUSES:
+                status = rec.get("status")
+                if status in PROBLEM_STATUSES or status in SKIPPED_STATUSES:
                     total += 1
-                    if len(found) < n:
-                        found.append(rec)
+                    kept = problems if status in PROBLEM_STATUSES else skipped
+                    if len(kept) < n:
+                        kept.append(rec)
     except (OSError, ValueError):
         pass  # the summary above still holds; the report's own problem shows when it is opened
-    return found, total
+    return (problems + skipped)[:n], total
 
 
 def print_summary(out: str, result: dict, as_json: bool) -> None:
+    """Print the result of ``run_job`` (plus an upload's counts): counts by status, clips, time, the first
+    videos not converted whole with their reasons, where everything is; or, ``as_json``, the result as JSON."""
     if as_json:
         print(json.dumps(result, indent=1))
         return
@@ -62,8 +75,12 @@ def print_summary(out: str, result: dict, as_json: bool) -> None:
         # Only what this run converted: a rerun after a kill must not count the clips before it.
         new = result.get("converted", {}).get("clips", tot["clips"])
         print(f"time:   {secs:.1f} s, {new} clips converted in this run, {new / secs:.1f} clips/s")
+    if "uploaded" in result:
+        print(f"upload: {result['uploaded']} file(s) uploaded, {result.get('already_there', 0)} already there with "
+              f"the same content, {result.get('removed', 0)} object(s) removed")
     report = os.path.join(out, REPORT)
-    problems, total = first_problems(out)
+    # OUT a URL: the report is read from the staging folder, where the job wrote it before the upload.
+    problems, total = first_problems(result.get("staging", out))
     if problems:
         print(f"not converted, or only partly ({total}; all in {report}):")
         for rec in problems:
@@ -74,4 +91,4 @@ def print_summary(out: str, result: dict, as_json: bool) -> None:
           f"report: {report}")
 
 
-__all__ = ["PROBLEM_STATUSES", "describe_shape", "first_problems", "print_summary"]
+__all__ = ["PROBLEM_STATUSES", "SKIPPED_STATUSES", "describe_shape", "first_problems", "print_summary"]

@@ -90,6 +90,25 @@ def _same(info: dict[str, Any] | None, local: str, remote: Remote | None = None,
     return False
 
 
+def shard_note(name: str, index: int, count: int, *, sent: int, kept: int, removed: int) -> str:
+    """The line said about shard ``name`` (number ``index`` of ``count``) once the URL holds it: ``sent`` of its
+    files were uploaded, ``kept`` were there already with the same content, ``removed`` objects not its own.
+
+    A rerun skips what is already there: saying "uploaded" for those would
+    read as if the same bytes went over the network again.
+    """
+    where = f"({index + 1} of {count})"
+    if sent == 0 and kept:
+        text = f"already uploaded {name} {where}: its {kept} file(s) are there with the same content"
+    elif kept:
+        text = f"uploaded {name} {where}: {sent} file(s); {kept} already there with the same content"
+    else:
+        text = f"uploaded {name} {where}"
+    if removed:
+        text += f"; removed {removed} object(s) under it that are not its files"
+    return text
+
+
 def upload_conversion(local: str, url: str, *, say: Callable[[str], None] = lambda note: None) -> dict[str, int]:
     """Upload the finished conversion at ``local`` to ``url`` (see the module docstring); counts of files."""
     manifest = read_manifest(local)
@@ -108,23 +127,26 @@ def upload_conversion(local: str, url: str, *, say: Callable[[str], None] = lamb
         problems = verify_shard(folder, index, manifest, decode=False)
         if problems:
             raise FormatError(f"{folder}: not uploaded to {url}: {problems[0]}")
+        shard_sent = shard_kept = shard_removed = 0
         for name in sorted(os.listdir(folder)):
             if not files.is_data(name):
                 continue  # not the shard's (a lock file, a writer's temporary): never uploaded
             path = os.path.join(folder, name)
             rel = f"{shard.path}/{name}"
             if _same(listed.get(rel), path, remote, rel):
-                kept += 1
+                shard_kept += 1
                 continue
             remote.upload(path, rel)
-            sent += 1
+            shard_sent += 1
         # Objects under the shard's prefix that are not its files (a conversion with more parts before, a killed
         # put's temporary): removed, so the URL holds what a clean upload leaves.
         mine = {f"{shard.path}/{name}" for name in os.listdir(folder) if files.is_data(name)}
         for rel in sorted(k for k in listed if k.startswith(shard.path + "/") and k not in mine):
             remote.remove(rel)
-            removed += 1
-        say(f"uploaded {shard.name} ({index + 1} of {len(manifest.shards)})")
+            shard_removed += 1
+        say(shard_note(shard.name, index, len(manifest.shards), sent=shard_sent, kept=shard_kept,
+                       removed=shard_removed))
+        sent, kept, removed = sent + shard_sent, kept + shard_kept, removed + shard_removed
     # Shard folders the manifest no longer lists (a conversion with more shards before).
     shard_dirs = {s.path + "/" for s in manifest.shards}
     for rel in sorted(k for k in listed if k.startswith(f"{SHARD_DIR}/")
@@ -143,4 +165,4 @@ def upload_conversion(local: str, url: str, *, say: Callable[[str], None] = lamb
     return {"uploaded": sent, "already_there": kept, "removed": removed}
 
 
-__all__ = ["RemoteError", "staging_dir", "upload_conversion"]
+__all__ = ["RemoteError", "shard_note", "staging_dir", "upload_conversion"]

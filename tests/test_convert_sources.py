@@ -122,7 +122,7 @@ def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(touch_vid
                    + "dance,g,0,1e400,train\n"
                    + "dance,h,20,10,train\n"
                    + ",i,1,11,train\n"
-                   + "dance,j,1\n")                           # short row: time_end empty
+                   + "dance,j,1\n")                           # short row: not read, reported
     src = from_csv(str(csv), str(root))
     assert [it.id for it in src.items] == ["ok_000001_000011"]
     assert [(p.id, p.status, p.reason) for p in src.problems] == [
@@ -135,8 +135,54 @@ def test_csv_rows_that_cannot_name_a_file_are_rejected_with_their_line(touch_vid
         ("g", "rejected", "line 10: time_end '1e400' is not a finite number of seconds >= 0"),
         ("h", "rejected", "line 11: time_end '10' is before time_start '20'"),
         ("i_000001_000011", "rejected", "line 12: no label"),
-        ("j", "rejected", "line 13: time_end '' is not a number"),
+        ("line 13", "rejected", "line 13: 3 field(s), the header has 5 (label,youtube_id,time_start,time_end,split): "
+                          "not read (a value holding a comma must be quoted)"),
     ]
+
+
+def test_csv_rows_with_too_many_or_too_few_fields_are_rejected_with_their_line(touch_video, tmp_path):
+    """Such a row has its cells in the wrong columns: before, a short one was taken with empty cells (and
+    dropped by --split without a word) and a long one read as if its extra fields were not there."""
+    root = tmp_path / "v"
+    for name in ("ok_000001_000011", "quoted_000001_000011", "long_000001_000011", "short_000001_000011"):
+        touch_video(str(root / f"{name}.mp4"))
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER
+                   + "dance,ok,1,11,train\n"
+                   + "tap, dance,long,1,11,train\n"         # a label holding an unquoted comma: 6 fields
+                   + "dance,short,1,11\n"                    # no split: 4 fields
+                   + '"tap, dance",quoted,1,11,train\n'      # quoted: one field, a well-formed row
+                   + "dance,trailing,1,11,train,\n")         # a trailing comma: 6 fields
+    header = "the header has 5 (label,youtube_id,time_start,time_end,split): not read (a value holding a comma " \
+             "must be quoted)"
+    malformed = [("line 3", "rejected", f"line 3: 6 field(s), {header}"),
+                 ("line 4", "rejected", f"line 4: 4 field(s), {header}"),
+                 ("line 6", "rejected", f"line 6: 6 field(s), {header}")]
+    for split in (None, "train"):  # reported whatever the split: the split cell of such a row is no better
+        src = from_csv(str(csv), str(root), split=split)
+        assert [it.id for it in src.items] == ["ok_000001_000011", "quoted_000001_000011"]
+        assert [(p.id, p.status, p.reason) for p in src.problems] == malformed
+        assert all(p.path == str(csv) for p in src.problems)
+        assert src.classes == ["dance", "tap, dance"]  # the labels of the well-formed rows only ("tap" is none)
+
+
+def test_csv_job_reports_a_row_with_too_many_fields_as_rejected(stand_in_videos, tmp_path):
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+
+    root = tmp_path / "v"
+    root.mkdir()
+    shutil.copyfile(os.path.join(stand_in_videos, "torchcodec__h265_video.mp4"), root / "ok_000001_000011.mp4")
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "dance,ok,1,11,train\nsalsa, dance,x,1,11,train\n")
+    out = tmp_path / "out"
+    result = run_job(str(csv), str(out), ConvertConfig(short="loop", size=(32, 40)),
+                     JobOptions(workers=1, progress=False), videos=str(root), split="train")
+    assert result["status_counts"] == {"padded": 1, "rejected": 1}
+    report = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
+    assert {"id": "line 3", "path": str(csv), "status": "rejected",
+            "reason": "line 3: 6 field(s), the header has 5 (label,youtube_id,time_start,time_end,split): not read "
+                      "(a value holding a comma must be quoted)"} in report
 
 
 def test_csv_job_with_an_inf_row_reports_it_and_converts_the_rest(touch_video, tmp_path):

@@ -369,6 +369,20 @@ def test_gpu_self_check_refuses_without_cuda():
         gpu_self_check("/nonexistent", device_id=0)
 
 
+def test_a_gpu_device_without_a_gpu_is_a_one_line_error(shards):
+    """Where DALI would fail, building the pipeline, with its own multi-line assertion: one line saying what to
+    pass instead (the loader itself is made: a GPU graph can be defined without a GPU)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    loader = DaliClipLoader(shards["raw"], train=True, batch_size=4, workers=0, device_id=0)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    loader.close()
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("device_id=0 needs a CUDA GPU and torch sees no CUDA GPU here")
+    assert msg.endswith("pass device_id=None to run on DALI's CPU backend")
+
+
 def test_pipelines_use_the_dynamic_executor_that_run_with_a_stream_needs(shards):
     """``pipe.run(stream)`` (the loaders' call on a GPU) is refused by DALI's legacy executor; every pipeline
     here asks for the dynamic one explicitly (DALI's default only in recent releases)."""

@@ -272,10 +272,27 @@ def test_state_rules(tf_roots):
 # -- errors, lifetime, routes -------------------------------------------------------------
 
 def test_lz4_without_gpu_is_a_one_line_error_naming_the_cpu_codecs(tf_lz4):
+    """Said for a user: what DALI cannot do here, what it reads instead, and the loader that reads lz4 on the
+    CPU (no API words such as device_id=None)."""
     with pytest.raises(ValueError) as info:
         DaliTFRecordLoader(tf_lz4, train=False, batch_size=BS, preset=ClipPreset(train=False, crop_size=32))
     msg = str(info.value)
-    assert "\n" not in msg and tf_lz4 in msg and "codec lz4 needs a GPU" in msg and msg.endswith("raw, jpeg")
+    assert "\n" not in msg and tf_lz4 in msg and "DALI decodes lz4 clips on a GPU only" in msg
+    assert "raw and jpeg" in msg and msg.endswith("read this one with --loader threads, which decodes lz4 on the CPU")
+    assert "device_id" not in msg
+
+
+def test_a_gpu_device_without_a_gpu_is_a_one_line_error(tf_roots):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    loader = DaliTFRecordLoader(tf_roots["raw"], train=False, batch_size=BS,
+                                preset=ClipPreset(train=False, crop_size=32), device_id=0)
+    loader._pipeline(0, build=False)  # a GPU graph is still defined without a GPU (scripts/dali_check.py --smoke)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    loader.close()
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("device_id=0 needs a CUDA GPU and torch sees no CUDA GPU here")
 
 
 def test_lmdb_conversion_is_refused_with_the_route_to_use(raw_root):  # noqa: F811

@@ -93,7 +93,7 @@ def test_resume_on_another_number_of_processes_trains_every_clip_of_the_epoch_on
            monkeypatch)
     printed = capfd.readouterr().out
     assert f"processes {w0} -> {w1}" in printed and f"--batch-size {b0} -> {b1}" in printed
-    assert f"note: {w0} -> {w1} process(es)" in printed and "epoch 0 goes on at sample 16 of its order" in printed
+    assert f"note: {w0} -> {w1} process(es)" in printed and "epoch 1 goes on at sample 16 of its order" in printed
     first, second = _read(str(tmp_path / "a"), w0), _read(str(tmp_path / "b"), w1)
     assert [len(b) for b in first] == [b0] * 2 * w0 and [len(b) for b in second] == [b1] * 3 * w1
     taken = Counter(i for b in first + second for i in b)
@@ -145,7 +145,7 @@ def test_native_dali_route_resumed_with_another_batch_trains_every_clip_once(tin
     _train(1, common(tiny_tfrecord, out) + args + ["--batch-size", "4", "--resume"], str(tmp_path / "b"),
            monkeypatch)
     printed = capfd.readouterr().out
-    assert "epoch 0 goes on at sample 16 of its order (4 steps in)" in printed
+    assert "epoch 1 goes on at sample 16 of its order (4 steps in)" in printed
     assert "reads the clips of the epoch not read yet through the source route" in printed
     first, second = _read(str(tmp_path / "a"), 1), _read(str(tmp_path / "b"), 1)
     assert [len(b) for b in first] == [8, 8] and [len(b) for b in second] == [4] * 6

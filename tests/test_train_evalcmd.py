@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import torch
@@ -10,6 +11,7 @@ import torch
 from loaders import open_clips
 from loaders.presets import KINETICS_MEAN, KINETICS_STD
 from train import checkpoint as ckpt_io
+from train.evalcmd import build_parser as eval_build_parser
 from train.evalcmd import main as eval_main
 from train.main import run_argv
 from train.models.c3d import C3D
@@ -64,3 +66,49 @@ def test_eval_command_errors_are_one_line(tiny_data, tmp_path, capsys):
     assert eval_main(["--checkpoint", str(tmp_path / "none.pt"), "--data", tiny_data, "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("train eval: error: checkpoint") and "not found" in err and "\n" not in err
+
+
+def test_eval_of_a_run_folder_takes_its_newest_intact_checkpoint_and_says_which(tiny_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    run_argv(common(tiny_data, out) + ["--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--ckpt-every", "1"])
+    newest, previous = ckpt_io.step_path(str(out), 3), ckpt_io.step_path(str(out), 2)
+    with open(newest, "r+b") as f:  # a damaged newest file is skipped, with a note
+        f.seek(os.path.getsize(newest) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    capsys.readouterr()
+    argv = ["--data", tiny_data, "--workers", "0", "--device", "cpu", "--threads", "1", "--no-progress"]
+    assert eval_main(["--checkpoint", str(out), *argv]) == 0
+    text = capsys.readouterr().out
+    assert f"note: checkpoint {newest}" in text and "trying the previous one" in text
+    assert f"--checkpoint {out} is a folder: evaluating its newest intact checkpoint, {previous} (step 2)" in text
+    assert f"eval of {previous} (step 2)" in text
+    assert os.path.isfile(out / "eval" / "clips_train_clips_step2.json")
+    # A folder without checkpoints: one line saying so (not "not found").
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert eval_main(["--checkpoint", str(empty), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"train eval: error: --checkpoint {empty}: the folder holds no checkpoint")
+    assert "\n" not in err
+
+
+def test_eval_of_a_url_uses_the_cache_dir_given(tiny_data, tmp_path, capsys, monkeypatch):
+    """--cache-dir and --cache-limit, declared once on TrainConfig, read a URL --data through that cache, not the
+    default one (a file:// URL: no network)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "default_cache"))
+    out = tmp_path / "run"
+    run_argv(common(tiny_data, out) + ["--epochs", "1", "--max-steps", "1", "--batch-size", "8"])
+    cache = tmp_path / "cache"
+    code = eval_main(["--checkpoint", ckpt_io.latest_path(str(out)), "--data", f"file://{tiny_data}",
+                      "--cache-dir", str(cache), "--cache-limit", "1G", "--workers", "0", "--device", "cpu",
+                      "--threads", "1", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert "(step 1) on file://" in capsys.readouterr().out
+    cached = [f for _, _, files in os.walk(cache) for f in files]
+    assert cached and not (tmp_path / "default_cache").exists()
+    help_text = " ".join(eval_build_parser().format_help().split())
+    assert "--cache-dir DIR" in help_text and "--cache-limit BYTES" in help_text
+    assert eval_main(["--checkpoint", "c.pt", "--data", tiny_data, "--cache-limit", "0"]) == 2
+    assert "argument --cache-limit" in capsys.readouterr().err  # checked as the trainer's option is

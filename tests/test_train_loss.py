@@ -66,7 +66,7 @@ def test_nonfinite_loss_stops_fp32_run_naming_the_step(tiny_data, tmp_path, monk
     code = main(common(tiny_data, out) + ["--epochs", "2", "--batch-size", "8", "--ckpt-every", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
-    assert "non-finite training loss (nan) at step 3 (epoch 0, step 3 of it) with --amp off" in err
+    assert "non-finite training loss (nan) at step 3 (epoch 1, step 3 of it) with --amp off" in err
     saved = ckpt_io.load(ckpt_io.latest_path(str(out)))
     assert saved["step"] == 2  # the bad step was never applied or saved
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
@@ -128,4 +128,4 @@ def test_nonfinite_loss_with_fp16_scaler_is_counted_and_skipped(tmp_path, capsys
     finite = [v for v in seen if v == v]
     assert len(finite) == 3 and row["nonfinite_steps"] == 1
     assert row["loss"] == pytest.approx(sum(finite) / 3, rel=1e-6)  # the NaN step is not averaged in
-    assert "non-finite training loss (nan) at step 2 (epoch 0, step 2 of it)" in capsys.readouterr().out
+    assert "non-finite training loss (nan) at step 2 (epoch 1, step 2 of it)" in capsys.readouterr().out

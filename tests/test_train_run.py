@@ -118,13 +118,18 @@ def test_ddp_two_processes_match_one_process_with_double_batch(tiny_data, tmp_pa
     assert_states_equal(single["model"], ddp["model"])
 
 
-def test_dali_loader_trains_like_lmdb(tiny_data, tmp_path):
-    """--loader dali (DALI's CPU backend here) cuts the same crops in the same order: identical weights."""
+def test_dali_loader_trains_like_lmdb(tiny_data, tmp_path, capsys):
+    """--loader dali (DALI's CPU backend here) cuts the same crops in the same order: identical weights; the run
+    says that DALI is on its CPU backend."""
     pytest.importorskip("nvidia.dali")
     args = ["--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--optimizer", "sgd", "--lr", "0.05",
             "--val-data", tiny_data]
     a = run_argv(common(tiny_data, tmp_path / "lmdb") + args)
+    assert "--loader dali" not in capsys.readouterr().out
     b = run_argv(common(tiny_data, tmp_path / "dali") + args + ["--loader", "dali"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: --loader dali")]
+    assert notes == ["note: --loader dali on the CPU (device cpu: no GPU in this run): DALI reads and crops on its "
+                     "CPU backend, not on a GPU"]
     assert_states_equal(final_state(tmp_path / "lmdb")["model"], final_state(tmp_path / "dali")["model"])
     assert a["eval"]["clip_top1"] == b["eval"]["clip_top1"] and b["eval"]["clips"] == 40
 

@@ -13,7 +13,8 @@ save, exact resume), ``engine`` (train_one_epoch, evaluate), ``metrics``
 (evaluation numbers, JSON lines, TensorBoard), ``plots`` (PNG figures),
 ``autobatch`` (``--batch-size auto``), ``gpustats`` and ``profiling``,
 ``main``, ``evalcmd`` and ``demo`` (synthetic data comes from
-``convert.synth.synthetic_conversions``).
+``convert.synth.synthetic_conversions``), and ``commands`` (which of them
+``python -m train`` runs).
 """
 
 from .errors import TrainError

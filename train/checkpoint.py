@@ -280,6 +280,18 @@ def newest_complete(out: str, say: Callable[[str], None],
     run's): it stops the search.
     """
     candidates = _candidates(out)
+    found = _first_loading(candidates, say, check)
+    if found is None and candidates:
+        raise TrainError(f"--resume: no checkpoint in {out} can be read (see the notes above); pass --overwrite "
+                         f"to start again")
+    return found
+
+
+def _first_loading(candidates: list[str], say: Callable[[str], None],
+                   check: Callable[[dict[str, Any], str], str | None] | None = None
+                   ) -> tuple[str, dict[str, Any]] | None:
+    """The first of ``candidates`` that loads and passes ``check``, as (path, contents), each one skipped said
+    in a one-line note; None when none is left."""
     for k, path in enumerate(candidates):
         try:
             ckpt = load(path, say=say)
@@ -292,10 +304,27 @@ def newest_complete(out: str, say: Callable[[str], None],
             problem = f"checkpoint {path} cannot be resumed: {found}"
         left = "trying the previous one" if k + 1 < len(candidates) else "no older checkpoint left"
         say(f"note: {problem}; {left}")
-    if candidates:
-        raise TrainError(f"--resume: no checkpoint in {out} can be read (see the notes above); pass --overwrite "
-                         f"to start again")
     return None
+
+
+def newest_in_folder(folder: str, flag: str, say: Callable[[str], None]) -> tuple[str, dict[str, Any]]:
+    """(path, contents) of the newest intact checkpoint of a run's folder (its ``--out``), for an option that
+    names a checkpoint (``flag``: ``train eval --checkpoint``) given a folder: the step files newest first,
+    then ``checkpoint.pt`` of a run saved before step files, then ``checkpoint_best.pt`` when it is a file of
+    its own; a damaged one is skipped with a one-line note. A one-line error when the folder holds none, or
+    none that loads."""
+    candidates = _candidates(folder)
+    best = best_path(folder)
+    if os.path.isfile(best) and not any(os.path.samefile(best, p) for p in candidates):
+        candidates.append(best)
+    if not candidates:
+        raise TrainError(f"{flag} {folder}: the folder holds no checkpoint (no checkpoint_step<N>.pt, "
+                         f"{LATEST} or {BEST}); name a checkpoint file, or the --out of a run that saved one")
+    found = _first_loading(candidates, say)
+    if found is None:
+        raise TrainError(f"{flag} {folder}: none of its {len(candidates)} checkpoint(s) is intact (see the notes "
+                         f"above)")
+    return found
 
 
 def remove_run(out: str) -> list[str]:

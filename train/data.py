@@ -21,6 +21,7 @@ from torch.utils.data import Sampler
 
 from convert.format.cache import CacheSettings
 from convert.format.remote import RemoteError, is_url
+from convert.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
 from loaders import (
     ClipDataset,
     ClipPreset,
@@ -64,10 +65,60 @@ def check_dataset(root: str | None, what: str) -> str:
         raise TrainError(f"{what}: no folder given")
     if is_url(root):
         return root
+    if os.path.isfile(root) and os.path.basename(root) == "manifest.json":
+        raise TrainError(f"{what} {root}: name the conversion's folder, not its manifest: {what} "
+                         f"{os.path.dirname(root) or '.'}")
+    if os.path.isfile(root):
+        raise TrainError(f"{what} {root}: a file, not a conversion (a folder with a manifest.json); if it lists "
+                         f"videos, convert them first: python -m convert {root} OUT, then {what} OUT")
     if not os.path.isfile(os.path.join(root, "manifest.json")):
+        videos = _videos_in(root)
+        if videos == "flat":
+            # Converting into the folder of the videos would mix the shards with them: name another.
+            out = _beside(root)
+            raise TrainError(f"{what} {root}: a folder of videos, not a conversion (no manifest.json); convert "
+                             f"them into another folder first, with their labels (a Kinetics CSV or a list "
+                             f"file): python -m convert LABELS {out} --videos {root}, then {what} {out}")
+        if videos == "classes":
+            out = _beside(root)
+            raise TrainError(f"{what} {root}: a folder of class folders of videos, not a conversion (no "
+                             f"manifest.json); convert it into another folder first: python -m convert {root} "
+                             f"{out}, then {what} {out}")
         raise TrainError(f"{what} {root}: manifest.json missing (not a finished conversion; "
                          f"run python -m convert SRC {root} first)")
     return root
+
+
+def _beside(root: str) -> str:
+    """A folder beside ``root`` for its conversion: ``videos/`` -> ``videos_clips``."""
+    return os.path.normpath(root) + "_clips"
+
+
+def _videos_in(root: str, limit: int = 200) -> str | None:
+    """What videos folder ``root`` holds: "flat" (video files in it), "classes" (in its sub-folders, which
+    ``python -m convert`` reads as class folders) or None. Looks at ``limit`` entries of each folder at most, so
+    a huge folder costs little."""
+    def entries(folder: str) -> list[os.DirEntry]:
+        try:
+            with os.scandir(folder) as it:
+                return [e for _, e in zip(range(limit), it)]
+        except OSError:
+            return []
+
+    def is_video(entry: os.DirEntry) -> bool:
+        return os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS
+
+    top = entries(root)
+    if any(is_video(e) for e in top):
+        return "flat"
+    for entry in top:
+        try:
+            folder = entry.is_dir()
+        except OSError:
+            continue
+        if folder and any(is_video(e) for e in entries(entry.path)):
+            return "classes"
+    return None
 
 
 @dataclass(frozen=True)

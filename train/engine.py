@@ -240,7 +240,7 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
     if cfg.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=data.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch}",
+        bar = tqdm(total=data.steps_per_epoch, initial=state.epoch_step, desc=f"epoch {state.epoch + 1}",
                    dynamic_ncols=True, leave=False)
     loss_acc = torch.zeros((), device=device)
     window = {"steps": 0, "finite": 0, "wait": 0.0, "start": time.perf_counter()}
@@ -358,7 +358,8 @@ def _step_flags(step_loss: torch.Tensor, scaler: torch.amp.GradScaler, state: Tr
     if not bad:
         return True, stop
     state.nonfinite += 1
-    where = f"step {state.step + 1} (epoch {state.epoch}, step {state.epoch_step + 1} of it)"
+    # Epochs counted from 1 for people, as the progress lines and the resume line count them.
+    where = f"step {state.step + 1} (epoch {state.epoch + 1}, step {state.epoch_step + 1} of it)"
     if not scaler.is_enabled():
         amp = {torch.bfloat16: "bf16", None: "off"}.get(cfg.amp_dtype, str(cfg.amp_dtype))
         raise TrainError(f"non-finite training loss ({value}) at {where} with --amp {amp}; stopped before the "

@@ -1,5 +1,9 @@
 """``python -m train eval --checkpoint CKPT --data OUT``: evaluate a trained model, print and save the report.
 
+CKPT is a checkpoint file, or a run's folder (its ``--out``), whose newest
+intact checkpoint is taken and named. ``--data`` may be a URL, read through
+the shard cache (``--cache-dir``, ``--cache-limit``, as in training).
+
 The model is rebuilt from the ``TrainConfig`` the checkpoint stores (``--model``,
 width, BatchNorm, crop, downsampling, clip length; a checkpoint written before
 ``--model`` existed is C3D's); ``--eval-protocol`` chooses the
@@ -22,6 +26,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,7 +39,7 @@ from . import checkpoint as ckpt_io
 from . import dist
 from .args import default_workers
 from .config import TrainConfig
-from .data import build_eval_data, dataset_info
+from .data import build_eval_data, cache_settings, dataset_info
 from .engine import evaluate
 from .errors import TrainError
 from .main import eval_line, model_options, save_eval, torch_threads
@@ -50,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(raise_as=TrainError, prog="python -m train eval", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     declared = settings(TrainConfig)
-    p.add_argument("--checkpoint", required=True, metavar="CKPT", help="a trainer checkpoint (checkpoint*.pt)")
+    p.add_argument("--checkpoint", required=True, metavar="CKPT",
+                   help="a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): its newest intact "
+                        "checkpoint")
     p.add_argument("--data", required=True, metavar="OUT", help="conversion to evaluate on (same class list)")
     declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop (default); 10x3: --eval-clips "
                                              "uniformly spaced clips x 3 crops per video")
@@ -64,11 +71,30 @@ def build_parser() -> argparse.ArgumentParser:
     declared["workers"].add_to(p, help="reader threads or worker processes (default: as the trainer's, from this "
                                        "machine's cores)")
     declared["verify_data"].add_to(p, help="check every clip's CRC-32 as it is read")
+    declared["cache_dir"].add_to(p, help="with --data a URL: the local shard cache (default $XDG_CACHE_HOME/"
+                                         "videoclips, i.e. ~/.cache/videoclips)")
+    declared["cache_limit"].add_to(p, help="bytes the shard cache may hold (default 80%% of its disk's free "
+                                           "space); bytes, or with a unit: 200G, 512M")
     declared["device"].add_to(p, help="auto, cpu or cuda")
     declared["amp"].add_to(p, help="default bf16 on CUDA, off on the CPU")
     declared["threads"].add_to(p, help="CPU math threads (default: PyTorch's choice)")
     declared["no_progress"].add_to(p, help="no progress bar")
     return p
+
+
+def checkpoint_to_evaluate(named: str, say: Callable[[str], None] | None) -> tuple[str, dict[str, Any]]:
+    """(path, contents) of the checkpoint ``--checkpoint`` names: that file (``load_named``: one line when it is
+    damaged), or for a folder (a run's ``--out``) its newest intact checkpoint, which ``say`` is told."""
+    if not os.path.isdir(named):
+        return named, ckpt_io.load_named(named, say=say)
+    path, saved = ckpt_io.newest_in_folder(named, "--checkpoint", say or (lambda text: None))
+    if say is not None:
+        best = ckpt_io.best_path(named)
+        other = f" (the best on validation: {best})" if os.path.isfile(best) and not os.path.samefile(best, path) \
+            else ""
+        say(f"--checkpoint {named} is a folder: evaluating its newest intact checkpoint, {path} (step "
+            f"{saved.get('step', '?')}); name a file to evaluate another{other}")
+    return path, saved
 
 
 def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list[str]) -> nn.Module:
@@ -87,26 +113,27 @@ def load_model(saved: dict[str, Any], cfg: TrainConfig, path: str, classes: list
 
 
 def eval_config(trained: TrainConfig, opts: argparse.Namespace, info: dist.DistInfo) -> TrainConfig:
-    """The checkpoint's config with this evaluation's reading, protocol, batch and device settings."""
+    """The checkpoint's config with this evaluation's reading (the shard cache of a URL too), protocol, batch and
+    device settings."""
     cuda = info.device.type == "cuda"
     return dataclasses.replace(
         trained, eval_protocol=opts.eval_protocol, eval_clips=opts.eval_clips, eval_batch_size=opts.eval_batch_size,
         loader=opts.loader, workers=default_workers(opts.loader) if opts.workers is None else opts.workers,
         verify_data=opts.verify_data, device=str(info.device), amp=opts.amp or ("bf16" if cuda else "off"),
-        channels_last=trained.channels_last and cuda)
+        channels_last=trained.channels_last and cuda, cache_dir=opts.cache_dir, cache_limit=opts.cache_limit)
 
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the options say; returns the result (with ``files``) on rank 0."""
     info = dist.init_distributed(opts.device)
-    saved = ckpt_io.load_named(opts.checkpoint, say=print if info.is_main else None)
-    trained = ckpt_io.saved_config(saved, opts.checkpoint)
-    shape = dataset_info(opts.data, trained.crop_size)
-    ckpt_io.check_classes(saved, shape.classes, opts.checkpoint)
+    path, saved = checkpoint_to_evaluate(opts.checkpoint, say=print if info.is_main else None)
+    trained = ckpt_io.saved_config(saved, path)
+    cfg = eval_config(trained, opts, info)
+    shape = dataset_info(opts.data, trained.crop_size, cache=cache_settings(cfg))
+    ckpt_io.check_classes(saved, shape.classes, path)
     if shape.clip_len < trained.clip_len:
         raise TrainError(f"--data {opts.data}: clips of {shape.clip_len} frames, the model takes {trained.clip_len}")
-    model = load_model(saved, trained, opts.checkpoint, shape.classes)
-    cfg = eval_config(trained, opts, info)
+    model = load_model(saved, trained, path, shape.classes)
     model.to(info.device).eval()
     if cfg.channels_last:
         model.to(memory_format=torch.channels_last_3d)  # type: ignore[call-overload]  # torch's stub lacks it
@@ -119,12 +146,12 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
                               features=opts.export is not None)
     finally:
         data.close()  # its threads or DALI pipeline now, not at garbage collection
-    result["checkpoint"], result["step"] = os.path.abspath(opts.checkpoint), int(saved.get("step", 0))
+    result["checkpoint"], result["step"] = os.path.abspath(path), int(saved.get("step", 0))
     if info.is_main:
-        out = opts.out or os.path.dirname(os.path.abspath(opts.checkpoint))
+        out = opts.out or os.path.dirname(os.path.abspath(path))
         name = f"{os.path.basename(os.path.normpath(opts.data))}_{result['protocol']['name']}_step{result['step']}"
         result["files"] = save_eval(out, name, result)
-        print(f"eval of {opts.checkpoint} (step {result['step']}) on {opts.data} {eval_line(result)}")
+        print(f"eval of {path} (step {result['step']}) on {opts.data} {eval_line(result)}")
         print(f"eval results:      {result['files']['json']}")
         print(f"confusion matrix:  {result['files']['confusion_png']}")
         if opts.export:

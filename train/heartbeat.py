@@ -16,19 +16,11 @@ import threading
 import time
 from typing import TextIO
 
+from convert.format.units import duration
+
 # Seconds between two progress lines: often enough that a log shows the run is alive, rarely enough that a
 # long run's log stays readable.
 HEARTBEAT_S = 60.0
-
-
-def _duration(seconds: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 class Heartbeat:
@@ -79,14 +71,14 @@ class Heartbeat:
         text = f"progress: step {self.step} of {self.total} (epoch {min(self.epoch + 1, self.epochs)} of {self.epochs})"
         if done > 0:
             per_step = (self._stepped - self._started) / done
-            text += f", {per_step:.3g} s/step, about {_duration(per_step * max(0, self.total - self.step))} left"
+            text += f", {per_step:.3g} s/step, about {duration(per_step * max(0, self.total - self.step))} left"
         if self.last_loss is not None:
             text += f", loss {self.last_loss:.4g}"
         busy = now - self._since
         if self.current != "training":
-            text += f"; {self.current} for {_duration(busy)}"
+            text += f"; {self.current} for {duration(busy)}"
         elif busy > self.interval and self.step < self.total:
-            text += f"; step {self.step + 1} running for {_duration(busy)}"
+            text += f"; step {self.step + 1} running for {duration(busy)}"
         return text
 
     # -- the thread ---------------------------------------------------------------

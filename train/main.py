@@ -46,6 +46,29 @@ def _say(info: dist.DistInfo, text: str) -> None:
         print(text, flush=True)
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def epochs_done(epoch: int, epoch_step: int, steps_per_epoch: int | None) -> int:
+    """Whole epochs trained, from the stored state: ``epoch`` (the epoch in progress, counted from 0) plus the
+    one whose last step is done when the run stopped right after it (``--max-steps`` at an epoch's end stops
+    before the state moves on to the next epoch)."""
+    return epoch + (1 if steps_per_epoch and epoch_step >= steps_per_epoch else 0)
+
+
+def run_position(step: int, epoch: int, epoch_step: int, steps_per_epoch: int | None) -> str:
+    """Where a run stands, for people: "step 12 (epoch 3, 2 steps into it)", or at an epoch's end "step 10 (the
+    end of epoch 2)". Epochs are counted from 1, as the progress lines count them; the stored state counts
+    them from 0."""
+    done = epochs_done(epoch, epoch_step, steps_per_epoch)
+    if epoch_step == 0 and epoch == 0:
+        return f"step {step} (the start of epoch 1)"
+    if epoch_step == 0 or done > epoch:
+        return f"step {step} (the end of epoch {done})"
+    return f"step {step} (epoch {epoch + 1}, {_steps(epoch_step)} into it)"
+
+
 def save_eval(out: str, name: str, result: dict[str, Any]) -> dict[str, str]:
     """``OUT/eval/NAME.json`` and the confusion matrix beside it as a PNG."""
     folder = os.path.join(out, "eval")
@@ -174,7 +197,8 @@ def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, 
     rng = None if moved else saved["rng"][info.rank]
     if moved:
         _say(info, moved)
-    _say(info, f"resumed from {path} at step {state.step} (epoch {state.epoch}, {state.epoch_step} steps into it)")
+    _say(info, f"resumed from {path} at "
+               f"{run_position(state.step, state.epoch, state.epoch_step, cfg.steps_per_epoch)}")
     return state, rng
 
 
@@ -207,8 +231,8 @@ def elastic_sampler_state(saved: dict[str, Any], before: TrainConfig, cfg: Train
                    global_batch=cfg.global_batch)
     note = (f"note: {before.world_size} -> {cfg.world_size} process(es), batch {before.batch_size} -> "
             f"{cfg.batch_size} per process (global {before.batch_size * before.world_size} -> {cfg.global_batch}): "
-            f"epoch {state.epoch} goes on at sample {at} of its order ({state.epoch_step} steps in); RNG streams "
-            f"restart")
+            f"epoch {state.epoch + 1} goes on at sample {at} of its order ({state.epoch_step} steps in); RNG "
+            f"streams restart")
     if at != consumed:
         note += f"; the global batch changed, so {consumed - at} clips of the epoch are read again"
     if native and consumed and "read" not in sampler:
@@ -284,6 +308,10 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     cfg = resolve_config(args, info, shape)
     if cfg.loader == "dali":
         dali_builder()  # not installed: say so before anything else
+        if device.type != "cuda":
+            # Otherwise nothing would say that DALI is not on a GPU here: the run works, on DALI's CPU backend.
+            _say(info, f"note: --loader dali on the CPU (device {device}: no GPU in this run): DALI reads and crops "
+                       f"on its CPU backend, not on a GPU")
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not cfg.deterministic
@@ -352,14 +380,17 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         latest = ckpt_io.latest_path(cfg.out)
         state, rng = TrainState(), None
         tracker = BestTracker(cfg.early_stop)
+        reached = None  # the limit a resumed run had already reached: nothing left to train
         if found is not None:
             state, rng = resume(*found, cfg, parts, data, shape, info)
             tracker.load_state_dict(found[1].get("best"))
-            if state.epoch >= cfg.epochs or (cfg.max_steps and state.step >= cfg.max_steps):
-                limit = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
-                         else f"--epochs {cfg.epochs}")
-                _say(info, f"note: the run in {cfg.out} already reached {limit} (step {state.step}, epoch "
-                           f"{state.epoch}): nothing left to train; raise {limit.split()[0]} to go on")
+            if (epochs_done(state.epoch, state.epoch_step, steps) >= cfg.epochs
+                    or (cfg.max_steps and state.step >= cfg.max_steps)):
+                reached = (f"--max-steps {cfg.max_steps}" if cfg.max_steps and state.step >= cfg.max_steps
+                           else f"--epochs {cfg.epochs}")
+                _say(info, f"note: the run in {cfg.out} already reached {reached} at "
+                           f"{run_position(state.step, state.epoch, state.epoch_step, steps)}: nothing left to "
+                           f"train; raise {reached.split()[0]} to go on")
         elif cfg.resume:
             _say(info, f"--resume: no checkpoint in {cfg.out} yet, starting fresh")
         resumed = found is not None
@@ -437,6 +468,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             return result
 
         t_start = time.perf_counter()
+        start_step = state.step
         last_eval = None
         stopped = None
         with stop_signals(stop), heartbeat if heartbeat is not None else contextlib.nullcontext():
@@ -472,14 +504,17 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         if profiler is not None:
             _say(info, profiler.close())
 
+        # "epoch": whole epochs trained (the stored state's epoch is the one in progress, which --max-steps at an
+        # epoch's end leaves one behind).
         summary: dict[str, Any] = {"out": cfg.out, "is_main": info.is_main, "checkpoint": latest, "metrics": log.path,
-                                   "step": state.step,
-                                   "epoch": state.epoch, "train_seconds": train_s, "batch_size": cfg.batch_size,
+                                   "step": state.step, "start_step": start_step, "reached": reached,
+                                   "epoch": epochs_done(state.epoch, state.epoch_step, steps),
+                                   "steps_per_epoch": steps, "train_seconds": train_s, "batch_size": cfg.batch_size,
                                    "nonfinite_steps": state.nonfinite, "stopped": stopped, "auto_batch": auto,
                                    "best": tracker.state_dict() | {"checkpoint": ckpt_io.best_path(cfg.out)},
                                    "config": cfg.to_dict()}
         if last_eval is not None:
-            summary["eval"], summary["eval_files"] = last_eval[1], last_eval[2]
+            summary["eval_step"], summary["eval"], summary["eval_files"] = last_eval
         if info.is_main:
             summary.update(_speed(read_metrics(log.path)))
             summary["curves"] = save_figures(cfg.out, read_metrics(log.path))
@@ -493,28 +528,48 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
 def print_summary(summary: dict[str, Any], per_class: bool = False) -> None:
     """What a finished run did and where its files are (what ``python -m train`` and the demo print)."""
     print()
-    print(f"trained {summary['step']} steps ({summary['epoch']} epochs) in {summary['train_seconds']:.0f} s"
-          + (f" ({summary['clips_per_s']:.1f} clips/s" if summary.get("clips_per_s") else "")
-          + (f", data wait {summary['data_wait_frac']:.0%}" if summary.get("clips_per_s") else "")
-          + (f", MFU {summary['mfu']:.1%}" if "mfu" in summary else "")
-          + (f", GPU busy {summary['gpu_util_pct']:.0f}%" if "gpu_util_pct" in summary else "")
-          + (")" if summary.get("clips_per_s") else ""))
-    stopped = summary.get("stopped")
-    if stopped and stopped.startswith("signal"):
-        print(f"stopped by {stopped.split()[1]} at step {summary['step']}: checkpoint saved; run the same command "
+    step, start = summary["step"], summary.get("start_step", 0)
+    trained = step - start
+    speed = summary.get("clips_per_s") if trained else None  # a run that trained nothing has no speed of its own
+    epochs = f"{summary['epoch']} epoch{'' if summary['epoch'] == 1 else 's'}"
+    if summary.get("reached"):
+        reached = summary["reached"]
+        print(f"nothing left to train: the run had already reached {reached} (step {step}, {epochs}); raise "
+              f"{reached.split()[0]} to go on")
+    else:
+        # The run's steps first (what scripts/container_check.sh looks for after a resume), then this process's.
+        done = f"({epochs})" if not start else f"({trained} in this run, from step {start}; {epochs})"
+        print(f"trained {_steps(step)} {done} in {summary['train_seconds']:.0f} s"
+              + (f" ({speed:.1f} clips/s" if speed else "")
+              + (f", data wait {summary['data_wait_frac']:.0%}" if speed else "")
+              + (f", MFU {summary['mfu']:.1%}" if speed and "mfu" in summary else "")
+              + (f", GPU busy {summary['gpu_util_pct']:.0f}%" if speed and "gpu_util_pct" in summary else "")
+              + (")" if speed else ""))
+    stopped = summary.get("stopped") or ""
+    signal_name = stopped.split()[1] if stopped.startswith("signal") else None
+    if signal_name:
+        print(f"stopped by {signal_name} at step {step}: checkpoint saved; run the same command "
               f"with --resume to continue")
-    elif stopped and stopped.startswith("early stop"):
+    elif stopped.startswith("early stop"):
         print(f"{stopped}; best checkpoint: {summary['best']['checkpoint']}")
     if summary.get("nonfinite_steps"):
         print(f"non-finite loss in {summary['nonfinite_steps']} step(s) (skipped by the fp16 GradScaler)")
     ev = summary.get("eval")
     if ev is not None:
-        print(f"validation: clip top-1 {ev['clip_top1']:.1%}, video top-1 {ev['video_top1']:.1%}, video top-5 "
+        at = summary.get("eval_step", step)
+        label = "validation" if at == step else f"validation (the last evaluation, at step {at})"
+        print(f"{label}: clip top-1 {ev['clip_top1']:.1%}, video top-1 {ev['video_top1']:.1%}, video top-5 "
               f"{ev['video_top5']:.1%} ({ev['videos']} videos, {ev['clips']} clips; chance "
               f"{1 / len(ev['classes']):.1%})")
         if per_class:
             for name, pc in ev["per_class"].items():
                 print(f"  {name:12s} video acc {pc['video_acc']:.0%}  clip acc {pc['clip_acc']:.0%}")
+    elif (summary.get("config") or {}).get("val_data"):
+        if signal_name:
+            print(f"validation: not run: the run was stopped by {signal_name} before evaluating on "
+                  f"--val-data (--resume continues it, and evaluates when it ends)")
+        else:
+            print("validation: not run")
     else:
         print("validation: none (pass --val-data to evaluate)")
     print(f"checkpoint:        {summary['checkpoint']}")

@@ -1,4 +1,5 @@
-"""Byte counts as people write them (``512M``, ``2G``, ``1.5GiB``): one parser for every command and setting."""
+"""Byte counts as people write them (``512M``, ``2G``, ``1.5GiB``): one parser for every command and setting; and
+durations as progress lines say them."""
 
 from __future__ import annotations
 
@@ -26,4 +27,14 @@ def in_units(n: int) -> str:
     return str(n)  # pragma: no cover - every count divides by 1
 
 
-__all__ = ["MAX_BYTES", "UNITS", "in_units", "parse_bytes"]
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``: how the converter's and the trainer's progress lines say a time."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+__all__ = ["MAX_BYTES", "UNITS", "duration", "in_units", "parse_bytes"]

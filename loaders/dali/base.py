@@ -114,6 +114,19 @@ def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Any:
         raise FormatError(f"{root}: DALI could not read the conversion: {why}") from exc
 
 
+def check_gpu(device_id: int | None) -> None:
+    """Before a pipeline for ``device_id`` is built: a one-line ValueError when that GPU is not there, where DALI
+    would raise a multi-line assertion of its C++ core. Not checked when a loader is made, since a GPU graph can
+    be defined (not built) without a GPU, which ``scripts/dali_check.py --smoke`` does to check it."""
+    if device_id is None:
+        return
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device_id >= gpus:
+        seen = "no CUDA GPU" if gpus == 0 else f"{gpus} CUDA GPU(s), device_id 0..{gpus - 1}"
+        raise ValueError(f"device_id={device_id} needs a CUDA GPU and torch sees {seen} here: pass device_id=None "
+                         f"to run on DALI's CPU backend")
+
+
 def to_torch(tl: Any, device: torch.device | None, stream: Any) -> torch.Tensor:
     """A dense torch copy of a DALI TensorList: GPU outputs onto ``device`` (on ``stream``), CPU ones via numpy."""
     dense = tl.as_tensor()
@@ -213,5 +226,5 @@ class DaliLoaderBase(EpochPosition):
                 f"position {self.position}, {self.preset})")
 
 
-__all__ = ["MIN_DALI", "DaliLoaderBase", "Pipeline", "PipeSlot", "check_int", "dali", "dali_version", "dmath", "fn",
-           "pipeline_options", "run_pipeline", "tfrec", "to_torch", "types"]
+__all__ = ["MIN_DALI", "DaliLoaderBase", "Pipeline", "PipeSlot", "check_gpu", "check_int", "dali", "dali_version",
+           "dmath", "fn", "pipeline_options", "run_pipeline", "tfrec", "to_torch", "types"]

@@ -88,6 +88,7 @@ from ..sampler import DistributedClipSampler
 from .base import (
     DaliLoaderBase,
     Pipeline,
+    check_gpu,
     check_int,
     dali,
     dmath,
@@ -192,6 +193,8 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
     arguments and placements while the graph is defined, so a GPU graph can be
     checked that far on a machine without CUDA.
     """
+    if build:
+        check_gpu(device_id)
     train = preset.train
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id,
                     seed=_seed(seed, epoch, 1), prefetch_queue_depth=prefetch, enable_checkpointing=True,
@@ -311,8 +314,10 @@ class DaliTFRecordLoader(DaliLoaderBase):
             raise ValueError(f"{root}: holds {manifest.data.backend} shards; DALI's native reader reads "
                              f"TFRecord conversions only (use loaders.dali.DaliClipLoader)")
         if device_id is None and not graph_for(self.store.codec).cpu:
-            raise ValueError(f"{root}: codec {self.codec} needs a GPU in DALI (no CPU inflate); on DALI's CPU "
-                             f"backend (device_id=None) the native route reads {', '.join(cpu_codecs())}")
+            raise ValueError(f"{root}: DALI decodes {self.codec} clips on a GPU only, and there is none for it here "
+                             f"(without one, DALI's TFRecord reader takes {' and '.join(cpu_codecs())} "
+                             f"conversions); read this one with --loader threads, which decodes {self.codec} on "
+                             f"the CPU")
         preset = self.preset
         if not self._stored_shape:
             short = int(manifest.data.frame_size.short_side or 0)

@@ -48,7 +48,7 @@ from convert.format.system import cpu_count
 
 from ..prefetch import PrefetchPlan
 from ..presets import ClipPreset
-from .base import DaliLoaderBase, Pipeline, check_int, fn, pipeline_options, run_pipeline, to_torch, types
+from .base import DaliLoaderBase, Pipeline, check_gpu, check_int, fn, pipeline_options, run_pipeline, to_torch, types
 from .graphs import Graph, graph_for
 from .stream import _ClipSource, _Order, _Stream
 
@@ -59,6 +59,7 @@ def _build_pipeline(source: _ClipSource, *, graph: Graph, frames: int, batch_siz
                     workers: int, prefetch: int, start_method: str, preset: ClipPreset, normalize: bool,
                     hint: int) -> Pipeline:
     """The graph: source -> (codec's decode) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
+    check_gpu(device_id)
     threads = max(1, min(4, cpu_count()))
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=0,
                     prefetch_queue_depth=prefetch, py_num_workers=max(1, workers), py_start_method=start_method,
