@@ -69,8 +69,8 @@ def _epoch(root: str, order: str, *, cache, threads: int, batch: int) -> tuple[f
 
 
 def run(args: argparse.Namespace) -> int:
-    from convert.format import open_clips
-    from convert.format.cache import CacheSettings
+    from convert.store import open_clips
+    from convert.store.cache import CacheSettings
     from tests.remote_fixtures import S3_ENV, S3Server
 
     work = args.root or tempfile.mkdtemp(prefix="remote-bench-")

@@ -35,7 +35,7 @@ import time
 
 STARTUP = r"""
 import json, resource, sys, time
-from convert.format import open_clips
+from convert.store import open_clips
 from loaders import ClipDataset, DistributedClipSampler
 out = sys.argv[1]
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -87,8 +87,8 @@ def _bytes(folder: str) -> int:
 
 def measure(work: str, n: int, args: argparse.Namespace, bases: list[str]) -> dict:
     """Every stage for N videos."""
-    from convert.format.verify import verify
     from convert.sources import from_csv
+    from convert.store.verify import verify
 
     csv, videos = build(work, n, classes=args.classes, missing=args.missing, bases=bases)
     row: dict = {"videos": n}

@@ -24,11 +24,11 @@ from .childproc import Stopped
 from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
-from .format.remote import Remote, RemoteError, check_url, is_url
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
 from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
 from .progress import line_interval
 from .sources import SourceError, split_problem
+from .store.remote import Remote, RemoteError, check_url, is_url
 from .summary import print_summary
 from .supervise import ShardFailed, ShardOptions
 
@@ -292,7 +292,7 @@ def _convert(args: argparse.Namespace) -> int:
         say = lambda note: print(f"convert: {note}", file=sys.stderr)  # noqa: E731 - passed twice below
         target = args.out
         if is_url(args.out):
-            from .upload import staging_dir
+            from .store.upload import staging_dir
 
             check_url(args.out)  # before any work: "s3://" alone names no bucket
             target = staging_dir(args.out, args.staging)
@@ -307,7 +307,7 @@ def _convert(args: argparse.Namespace) -> int:
                          classes_file=args.classes_file, add_new=args.add_new, retry_failed=args.retry_failed,
                          say=say, staging_of=args.out if target != args.out else None)
         if target != args.out:
-            from .upload import upload_conversion
+            from .store.upload import upload_conversion
 
             counts = upload_conversion(target, args.out, say=say if not args.json else lambda note: None)
             result = {**result, "staging": target, **counts}

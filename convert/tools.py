@@ -13,13 +13,15 @@ from collections.abc import Iterator
 import numpy as np
 
 from .argtypes import OneLineParser, byte_count, number, whole
-from .format import WRITE_CODECS, FormatError, Manifest, manifest_at, open_clips, read_manifest
-from .format.cache import CacheSettings, verify_url
-from .format.remote import is_url
-from .format.store import ClipStore
-from .format.verify import verify
+from .format import WRITE_CODECS, FormatError, Manifest, read_manifest
 from .options import MAX_WORKERS
 from .sources import SourceError, csv_rows, csv_video_id, printable
+from .store import manifest_at, open_clips
+from .store.cache import CacheSettings
+from .store.cache.verify import verify_url
+from .store.remote import is_url
+from .store.store import ClipStore
+from .store.verify import verify
 from .summary import describe_shape, print_summary
 
 

@@ -1,6 +1,6 @@
 """Readers of converted clip shards, and the training-side pieces around them.
 
-``open_clips`` is the plain reader (the format layer's, ``convert.format``);
+``open_clips`` is the plain reader (``convert.store``, beside the format layer);
 ``ClipDataset`` + ``DistributedClipSampler`` + ``build_loader`` feed
 training (reader threads or DataLoader workers); ``ClipPreset`` /
 ``to_model_input`` define what the model sees; ``loaders.dali`` holds the
@@ -9,7 +9,7 @@ NVIDIA DALI pipelines.
 Names are imported on first use, so ``from loaders import open_clips`` pulls
 in neither torch nor PyAV (a shard reader needs numpy and the backend's
 library only). ``loaders`` imports nothing of ``convert`` but its format
-layer, ``convert.format``.
+layer, ``convert.format``, and shard access, ``convert.store``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ _LAZY = {
     "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
     "DistributedClipSampler": "sampler", "VideoEpochSampler": "sampler",
-    # The plain reader and the error type live in the format layer, below both sides.
-    "ClipSample": "convert.format.store", "ClipStore": "convert.format.store", "open_clips": "convert.format.store",
+    # The plain reader (shard access) and the error type (the format layer) live below both sides.
+    "ClipSample": "convert.store.store", "ClipStore": "convert.store.store", "open_clips": "convert.store.store",
     "FormatError": "convert.format.errors",
 }
 

@@ -28,8 +28,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from convert.format import ClipStore, open_clips
-from convert.format.cache import CacheSettings
+from convert.store import ClipStore, open_clips
+from convert.store.cache import CacheSettings
 
 from .cropread import crop_into
 from .presets import ClipPreset
@@ -80,7 +80,7 @@ class ClipDataset(Dataset):
     checks every shard against the manifest now (a full read) and every
     value's CRC-32 as it is read. ``root`` may be a URL (``s3://...``): it is
     read through a local shard cache, ``cache`` its settings
-    (``convert.format.cache.CacheSettings``).
+    (``convert.store.cache.CacheSettings``).
     """
 
     def __init__(self, root: str, *, train: bool, preset: ClipPreset | None = None, crop_size: int = 112,
@@ -146,7 +146,7 @@ class ClipDataset(Dataset):
 
     def verify(self) -> dict:
         """Check every value's CRC and every shard's SHA-256 against the manifest; FormatError if not."""
-        from convert.format.verify import verify_store
+        from convert.store.verify import verify_store
 
         return verify_store(self.store.shard_paths, self.store.manifest)
 

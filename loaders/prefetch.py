@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from convert.format import ClipStore
-from convert.format.cache import Prefetcher
+from convert.store import ClipStore
+from convert.store.cache import Prefetcher
 
 
 def item_index(item: Any) -> int:

@@ -35,8 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, when not installed
 
-from convert.format import FormatError, open_clips  # noqa: E402
+from convert.format import FormatError  # noqa: E402
 from convert.format.system import cpu_count  # noqa: E402
+from convert.store import open_clips  # noqa: E402
 from loaders import ClipDataset, ClipPreset, to_model_input  # noqa: E402
 from loaders.dali import DaliClipLoader, DaliTFRecordLoader  # noqa: E402
 from loaders.dali.graphs import cpu_codecs  # noqa: E402

@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from convert.format import read_manifest
-from convert.format.verify import verify
 from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
+from convert.store.verify import verify
 from convert.tools import main as tools_main
 
 from .train_fixtures import tiny_data  # noqa: F401

@@ -12,9 +12,9 @@ import pytest
 from convert.clips import ClipSpec, cut_clips
 from convert.decode import FrameSpec, decode_all
 from convert.format.lmdb import LmdbOptions
-from convert.format.verify import verify
 from convert.job import JobOptions, run_job
 from convert.plan import ConvertConfig
+from convert.store.verify import verify
 from convert.supervise import ShardOptions
 from loaders import open_clips
 

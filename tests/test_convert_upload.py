@@ -11,7 +11,7 @@ import pytest
 
 from convert.outdir import check_out, hold_out
 from convert.plan import ConvertConfig, PlanError
-from convert.upload import shard_note
+from convert.store.upload import shard_note
 
 from .convert_helpers import run_cli
 

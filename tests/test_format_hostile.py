@@ -19,10 +19,11 @@ import lmdb
 import numpy as np
 import pytest
 
-from convert.format import FormatError, open_clips
+from convert.format import FormatError
 from convert.format.layout import pack_header, unpack_header
 from convert.format.lmdb import HANDLES, clip_key, done_key
-from convert.format.verify import verify
+from convert.store import open_clips
+from convert.store.verify import verify
 
 from .conftest import ROOT
 from .convert_helpers import signal_and_wait
@@ -109,7 +110,7 @@ def test_a_manifest_that_is_no_regular_file_is_refused_unread(raw_root, tmp_path
         os.mkfifo(path)
     else:
         os.symlink("/dev/zero", path)
-    for cmd in ("from convert.format.verify import verify; print(verify(%r)[0])",
+    for cmd in ("from convert.store.verify import verify; print(verify(%r)[0])",
                 "from loaders import open_clips\ntry:\n    open_clips(%r)\nexcept ValueError as e:\n    print(e)"):
         got = _run(cmd % root, timeout=60)
         assert got.returncode == 0, got.stderr
@@ -233,8 +234,9 @@ def test_a_tfrecord_shard_rewritten_under_an_open_reader_is_refused(synth_videos
 _DAMAGE_CHILD = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())
-from convert.format import FormatError, open_clips
-from convert.format.verify import verify
+from convert.format import FormatError
+from convert.store import open_clips
+from convert.store.verify import verify
 from loaders import ClipDataset, build_loader
 
 for root in sys.argv[1:]:
@@ -376,7 +378,7 @@ def test_the_device_check_without_a_gpu_says_so_and_fails_unless_smoke_is_asked_
 
 _SLOW_VERIFY = """
 import sys, time
-import convert.format.verify as v
+import convert.store.verify as v
 real = v.verify_shard
 def slow(*a, **k):
     time.sleep(60)

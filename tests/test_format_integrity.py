@@ -8,7 +8,7 @@ import os
 import pytest
 
 from convert.format import FormatError
-from convert.format.verify import verify
+from convert.store.verify import verify
 from loaders import open_clips
 
 from .loaders_fixtures import copy_conversion, loader_base, raw_root  # noqa: F401

@@ -81,7 +81,7 @@ def test_missing_video_file_is_a_clear_error(tmp_path):
 
 def test_bench_pieces_on_small_data(raw_root, synth_videos):
     from benchmarks.loaders.common import EPOCH_DRAWS, ReadCopyDataset, _as_is, measure, paired, steady_sampler
-    from convert.format import open_clips
+    from convert.store import open_clips
     from loaders import ClipDataset
 
     two, one = ("threads", "x", 2), ("threads", "x", 1)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from convert.format import open_clips
+from convert.store import open_clips
 
 from .conftest import ROOT
 

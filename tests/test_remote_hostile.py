@@ -17,9 +17,10 @@ import os
 import numpy as np
 import pytest
 
-from convert.format import FormatError, open_clips
-from convert.format.cache import CacheSettings
+from convert.format import FormatError
 from convert.format.layout import MAX_NAME_BYTES, inside, plain_name, relative_path
+from convert.store import open_clips
+from convert.store.cache import CacheSettings
 from train.main import main
 
 from .train_fixtures import common, one_line_error, tiny_data, tiny_tfrecord  # noqa: F401
@@ -217,7 +218,7 @@ def test_a_remote_manifest_nested_without_end_is_one_line(s3_server, tiny_data, 
 def test_a_remote_manifest_over_the_size_cap_is_refused_without_reading_it_whole(s3_server, tiny_data, tmp_path,
                                                                                  monkeypatch):
     """The cap a local manifest has (MAX_JSON_BYTES, 64 MiB): at most one byte more is read. Scaled down here."""
-    import convert.format.remote as remote
+    import convert.store.remote as remote
 
     monkeypatch.setattr(remote, "MAX_JSON_BYTES", 1 << 20)
     bucket = s3_server.bucket()
@@ -239,6 +240,36 @@ def test_a_remote_manifest_over_the_size_cap_is_refused_without_reading_it_whole
     assert reads == [(1 << 20) + 1]
 
 
+@pytest.mark.parametrize("case", ["nested", "huge"])
+def test_a_bad_manifest_is_the_same_one_line_through_a_url_as_from_a_folder(tiny_data, tmp_path, case):
+    """One reader of a remote manifest with the local reader's guards: a manifest nested without end, or longer
+    than MAX_JSON_BYTES, gives the folder's one-line error through file:// (the cache's open and ``manifest_at``
+    alike), naming the URL instead of the path."""
+    import shutil
+
+    from convert.format.layout import MAX_JSON_BYTES
+    from convert.store import manifest_at
+
+    folder = str(tmp_path / "data")
+    shutil.copytree(tiny_data, folder)
+    path = os.path.join(folder, "manifest.json")
+    if case == "nested":
+        with open(path, "wb") as f:
+            f.write(b"[" * 200_000 + b"]" * 200_000)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(MAX_JSON_BYTES + 10)  # sparse: nothing is written, and the reader reads no more than the cap
+    url = f"file://{folder}"
+    errors = []
+    for root, read in ((folder, lambda r: open_clips(r)), (url, lambda r: open_clips(r, cache=_settings(tmp_path))),
+                       (url, manifest_at)):
+        with pytest.raises(FormatError) as err:
+            read(root)
+        errors.append(str(err.value).replace(f"{url}/manifest.json", path))
+    assert errors[0] == errors[1] == errors[2], errors
+    assert "\n" not in errors[0] and errors[0].startswith(path + ": the manifest is ")
+
+
 # -- the cache's own disk -----------------------------------------------------------------------------------------
 
 
@@ -255,9 +286,9 @@ def _mount(path: str, options: str) -> bool:
 
 _OPEN_ALL = """
 import sys
-from convert.format import open_clips
-from convert.format.cache import CacheSettings
-from convert.format.remote import RemoteError
+from convert.store import open_clips
+from convert.store.cache import CacheSettings
+from convert.store.remote import RemoteError
 try:
     store = open_clips(sys.argv[1], cache=CacheSettings(cache_dir=sys.argv[2], limit=1 << 30, attempts=1))
     for i in range(len(store)):
@@ -335,8 +366,8 @@ def test_an_upload_over_objects_of_the_same_size_compares_content_not_sizes(s3_s
     """The URL holds another conversion whose shard files have the sizes of ours, uploaded in parts (an ETag
     that is no MD5), plus objects our shards do not have: the upload replaces the first, removes the others, and
     the URL then reads as the local folder."""
-    from convert.format.cache import verify_url
-    from convert.upload import upload_conversion
+    from convert.store.cache.verify import verify_url
+    from convert.store.upload import upload_conversion
 
     bucket = s3_server.bucket()
     url = s3_server.upload(tiny_data, bucket)
@@ -403,7 +434,7 @@ def test_default_limits_of_two_urls_under_one_cache_root_share_its_disk(s3_serve
     import shutil
     import subprocess
 
-    from convert.format.cache import DEFAULT_FRACTION
+    from convert.store.cache import DEFAULT_FRACTION
 
     disk = str(tmp_path / "disk")
     if not _mount(disk, "size=40m"):

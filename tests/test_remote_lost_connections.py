@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from convert.format.remote import Remote, _quiet_lost_connections
+from convert.store.remote import Remote, _quiet_lost_connections
 
 from .conftest import ROOT
 
@@ -51,7 +51,7 @@ def test_unawaited_tasks_failed_by_a_lost_connection_are_dropped_and_others_repo
         _quiet_lost_connections(loop)  # once per loop: a second call does not wrap the first handler
         with caplog.at_level(logging.DEBUG):
             _collected_failures(loop, _errors())
-            dropped = [r for r in caplog.records if r.name == "convert.format.remote"]
+            dropped = [r for r in caplog.records if r.name == "convert.store.remote"]
             assert len(dropped) == len(_errors()) and all(r.levelno == logging.DEBUG for r in dropped)
             assert not [r for r in caplog.records if r.name == "asyncio"]
             # Not a connection's failure, or not an unawaited task: the loop's default handler says it as before.
@@ -83,7 +83,7 @@ import asyncio, gc, sys, time
 
 import aiohttp
 
-from convert.format.remote import Remote
+from convert.store.remote import Remote
 
 fs = Remote("s3://bucket/out").fs
 

@@ -18,9 +18,10 @@ import sys
 import numpy as np
 import pytest
 
-from convert.format import FormatError, ShardMissing, open_clips
-from convert.format.cache import CacheFullError, CacheSettings, ShardCache
-from convert.format.remote import RemoteError
+from convert.format import FormatError, ShardMissing
+from convert.store import open_clips
+from convert.store.cache import CacheFullError, CacheSettings, ShardCache
+from convert.store.remote import RemoteError
 
 from .conftest import REAL_CACHE_DIR, ROOT
 from .remote_fixtures import copy_conversion, serve_folder
@@ -53,7 +54,7 @@ def test_a_remote_read_with_the_default_cache_folder_writes_nothing_into_the_use
     """The suite points XDG_CACHE_HOME at a temporary folder for every test (conftest.py), for this process and
     the processes it starts: a remote read that takes the default cache folder, here and in a child process,
     mirrors the URL there and writes nothing under the user's real ~/.cache/videoclips."""
-    from convert.format.cache import default_cache_dir
+    from convert.store.cache import default_cache_dir
 
     assert default_cache_dir() == user_cache_dir and os.path.realpath(REAL_CACHE_DIR) != os.path.realpath(
         user_cache_dir)
@@ -63,7 +64,7 @@ def test_a_remote_read_with_the_default_cache_folder_writes_nothing_into_the_use
     store = open_clips(url)  # no cache settings: the default cache folder
     store.get(0)
     store.close()
-    child = subprocess.run([sys.executable, "-c", "import sys; from convert.format import open_clips; "
+    child = subprocess.run([sys.executable, "-c", "import sys; from convert.store import open_clips; "
                             "s = open_clips(sys.argv[1]); s.get(len(s) - 1); print(s.cache.dir)", url],
                            cwd=ROOT, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
@@ -221,8 +222,8 @@ def test_missing_credentials(s3_server, tmp_path):
     env.update(AWS_EC2_METADATA_DISABLED="true", AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
                AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_ENDPOINT_URL=s3_server.endpoint,
                PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
-    code = ("from convert.format import open_clips\n"
-            "from convert.format.cache import CacheSettings\n"
+    code = ("from convert.store import open_clips\n"
+            "from convert.store.cache import CacheSettings\n"
             f"open_clips('s3://any/data', cache=CacheSettings(cache_dir={str(tmp_path / 'c')!r}))\n")
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     last = got.stderr.strip().splitlines()[-1]
@@ -296,15 +297,15 @@ def test_a_killed_download_leaves_no_shard(s3_server, tiny_data, tmp_path):
     url = s3_server.upload(tiny_data, s3_server.bucket())
     cache_dir = str(tmp_path / "c")
     code = (f"import os, sys; sys.path.insert(0, {ROOT!r})\n"
-            "from convert.format import remote\n"
+            "from convert.store import remote\n"
             "real = remote.Remote.download\n"
             "def die(self, rel, local, size=None):\n"
             "    real(self, rel, local, size)\n"
             "    with open(local, 'r+b') as f: f.truncate(os.path.getsize(local) // 2)\n"
             "    os._exit(9)\n"
             "remote.Remote.download = die\n"
-            "from convert.format import open_clips\n"
-            "from convert.format.cache import CacheSettings\n"
+            "from convert.store import open_clips\n"
+            "from convert.store.cache import CacheSettings\n"
             f"open_clips({url!r}, cache=CacheSettings(cache_dir={cache_dir!r}))\n")
     proc = subprocess.run([sys.executable, "-c", code], env=os.environ.copy(), timeout=120)
     assert proc.returncode == 9

@@ -38,7 +38,7 @@ def test_dali_routes_from_s3_equal_local(s3_server, tiny_data, tiny_tfrecord, tm
 
     if dali.missing() is not None:
         pytest.skip(f"DALI not usable: {dali.missing()}")
-    from convert.format.cache import CacheSettings
+    from convert.store.cache import CacheSettings
     from loaders.dali import DaliClipLoader, DaliTFRecordLoader
 
     for root, cls in ((tiny_data, DaliClipLoader), (tiny_tfrecord, DaliTFRecordLoader)):
@@ -69,8 +69,8 @@ def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsy
     # servers in a process: the run would read on from the first server).
     own = s3_server
     url = own.upload(tiny_data, own.bucket())
-    from convert.format import open_clips
-    from convert.format.cache import CacheSettings
+    from convert.store import open_clips
+    from convert.store.cache import CacheSettings
 
     probe = open_clips(url, cache=CacheSettings(cache_dir=str(tmp_path / "probe")))
     limit = 3 * max(probe.cache.sizes)

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from convert.format.cache import CacheSettings
+from convert.store.cache import CacheSettings
 
 from .train_fixtures import tiny_data, tiny_tfrecord
 
@@ -126,7 +126,7 @@ def test_dali_source_route_prefetches_in_its_order(s3_server, eight_shards, tmp_
 
 
 def _declare_and_exit(url: str, cache_dir: str, shards: list[int]) -> None:
-    from convert.format.cache import ShardCache
+    from convert.store.cache import ShardCache
 
     ShardCache(url, CacheSettings(cache_dir=cache_dir)).want(shards)
 
@@ -137,7 +137,7 @@ def test_shards_a_process_reads_are_kept_for_it(tiny_tfrecord, tmp_path):
     process that ended counts for nothing."""
     import multiprocessing
 
-    from convert.format.cache import ShardCache
+    from convert.store.cache import ShardCache
 
     url = f"file://{tiny_tfrecord}"
     cache_dir = str(tmp_path / "cache")
@@ -185,7 +185,7 @@ def test_the_cache_limit_floor_is_the_one_docs_reading_states(s3_server, eight_s
     W = 1, not 2), and that floor itself is taken."""
     from argparse import Namespace
 
-    from convert.format.cache import CacheFullError, ShardCache
+    from convert.store.cache import CacheFullError, ShardCache
     from train.data import cache_settings
 
     url = s3_server.upload(eight_shards, s3_server.bucket())
@@ -207,7 +207,7 @@ def test_the_cache_limit_floor_is_the_one_docs_reading_states(s3_server, eight_s
 def test_the_trainers_start_up_check_downloads_one_shard(s3_server, eight_shards, tmp_path):
     """Checking the clip shape of a remote conversion reads the shards already cached, else the first: it must
     not download the data (Kinetics from a bucket is terabytes)."""
-    from convert.format.cache import ShardCache
+    from convert.store.cache import ShardCache
     from train.data import dataset_info
 
     url = s3_server.upload(eight_shards, s3_server.bucket())
@@ -236,7 +236,7 @@ def test_two_ranks_of_a_node_train_from_one_cache_each_shard_once_per_epoch(s3_s
         "--order", "shards", "--order-shards", str(WINDOW), "--cache-dir", str(cache_dir),
         "--cache-limit", str(limit)]
     mp.start_processes(_rank, args=(2, free_port(), argv), nprocs=2, start_method="spawn")
-    from convert.format.cache import ShardCache
+    from convert.store.cache import ShardCache
 
     got = collections.Counter(ShardCache(url, CacheSettings(cache_dir=str(cache_dir))).downloads())
     # Epoch 0 downloads all eight (the start-up check of the clip shape one of them, read on by the epoch);
@@ -247,7 +247,7 @@ def test_two_ranks_of_a_node_train_from_one_cache_each_shard_once_per_epoch(s3_s
 
 def _shard_sizes(url: str, tmp_path) -> list[int]:
     """The shard sizes of the conversion at ``url``."""
-    from convert.format import open_clips
+    from convert.store import open_clips
 
     store = open_clips(url, cache=CacheSettings(cache_dir=str(tmp_path / "probe")))
     sizes = list(store.cache.sizes)

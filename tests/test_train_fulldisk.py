@@ -20,7 +20,7 @@ import subprocess
 import pytest
 import torch
 
-from convert.format.remote import RemoteError
+from convert.store.remote import RemoteError
 from train import checkpoint as ckpt_io
 from train.errors import MachineError, TrainError
 from train.main import main, run_argv

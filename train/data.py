@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from convert.format.cache import CacheSettings
-from convert.format.remote import RemoteError, is_url
 from convert.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
+from convert.store.cache import CacheSettings
+from convert.store.remote import RemoteError, is_url
 from loaders import (
     ClipDataset,
     ClipPreset,

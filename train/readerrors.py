@@ -14,7 +14,7 @@ import re
 import signal
 from collections.abc import Callable, Iterator
 
-from convert.format.remote import RemoteError
+from convert.store.remote import RemoteError
 from loaders import FormatError
 
 from .errors import TrainError

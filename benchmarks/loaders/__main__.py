@@ -16,8 +16,8 @@ import time
 import torch
 
 import benchmarks.loaders
-from convert.format import open_clips
 from convert.format.system import cpu_count
+from convert.store import open_clips
 
 from . import dataloader, threads
 from .cold import cold_read, cold_table

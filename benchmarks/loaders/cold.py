@@ -16,8 +16,9 @@ import time
 
 import numpy as np
 
-from convert.format import ClipStore, open_clips, read_manifest
+from convert.format import read_manifest
 from convert.format.lmdb import HANDLES
+from convert.store import ClipStore, open_clips
 from loaders import DistributedClipSampler
 
 from .common import _data_files, _read_ahead

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from benchmarks.onthefly import OnTheFlyVideoDataset
-from convert.format import open_clips
+from convert.store import open_clips
 from loaders import ClipDataset, DistributedClipSampler, build_loader
 from loaders.dataset import _batch_array
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from convert.format import open_clips
+from convert.store import open_clips
 from loaders import ClipPreset
 
 from .common import BACKENDS, CODECS, Config, DatasetMaker, Results, timed

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from benchmarks import REPO_ROOT
-from convert.format import open_clips
+from convert.store import open_clips
 
 from .common import _data_files, _read_ahead
 

@@ -4,10 +4,11 @@ FORMAT.md is its prose version. Modules: ``layout`` (folder names, the clip
 header), ``manifest`` (the typed manifest), ``records`` (video records),
 ``codecs`` (payloads and what each one is), ``base`` (the backend contract),
 ``parts`` (the append-only commit protocol), one subpackage per backend
-(``lmdb``, ``tfrecord``) registered in ``backends``, ``store`` (the plain
-reader, ``open_clips``), ``verify`` (the shard verifier) and ``system``
-(process helpers). Importing it imports neither PyAV nor torch: a training
-node reads shards with numpy, lmdb and the standard library only.
+(``lmdb``, ``tfrecord``) registered in ``backends``, ``errors``, ``units``
+and ``system`` (process helpers). Shard access (the reader, the cache,
+remote storage, the verifier) is ``convert.store``, beside it; this package
+imports nothing of it. Importing it imports neither PyAV nor torch: a
+training node reads shards with numpy, lmdb and the standard library only.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ from .layout import (
 )
 from .manifest import DATA_KEYS, DataSpec, Manifest, ShardEntry, check_plan, check_shard_meta, read_manifest, shard_meta
 from .records import STATUSES, VideoRecord, sort_records
-from .store import ClipSample, ClipStore, manifest_at, open_clips
 
 __all__ = [
     "BACKENDS", "CODECS_BY_ID", "DAMAGED_DIR", "DATA_KEYS", "FORMAT_NAME", "FORMAT_VERSION", "HEADER_SIZE", "LOCK",
     "LOG_DIR", "MANIFEST", "PLAN", "PROGRESS_DIR", "REPORT", "SHARD_DIR", "STATUSES", "SUMMARY_KEYS", "WRITE_CODECS",
-    "Backend", "ClipHeader", "ClipSample", "ClipStore", "Codec", "DataSpec", "FormatError", "Manifest", "Payload",
+    "Backend", "ClipHeader", "Codec", "DataSpec", "FormatError", "Manifest", "Payload",
     "ShardDamaged", "ShardEntry", "ShardMissing", "ShardReader", "ShardWriter", "StoreError", "StoreFullError",
     "VideoRecord", "check_crc", "check_plan", "check_shard_meta", "codec_for_id", "get_backend", "get_codec",
-    "manifest_at", "open_clips", "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
+    "read_manifest", "shard_meta", "shard_name", "sort_records", "unpack_header",
 ]

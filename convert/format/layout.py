@@ -62,6 +62,12 @@ MAX_CLIP_INDEX = 0xFFFFFFFF  # the header's uint32
 MAX_JSON_BYTES = 64 << 20
 
 
+def too_long(where: str, what: str, limit: int) -> FormatError:
+    """The one error of a metadata file longer than ``limit`` bytes, the same from a folder and from a URL (where
+    only the first ``limit + 1`` bytes are read, so its size is not known)."""
+    return FormatError(f"{where}: the {what} is more than the {limit} bytes a {what} may have")
+
+
 def read_json_file(path: str, what: str, *, limit: int = MAX_JSON_BYTES) -> Any:
     """The parsed JSON of a metadata file; FormatError naming ``path`` when it is no regular file of at most
     ``limit`` bytes or no valid JSON.
@@ -81,7 +87,7 @@ def read_json_file(path: str, what: str, *, limit: int = MAX_JSON_BYTES) -> Any:
         if not stat.S_ISREG(st.st_mode):
             raise FormatError(f"{path}: the {what} is not a regular file")
         if st.st_size > limit:
-            raise FormatError(f"{path}: the {what} is {st.st_size} bytes, more than the {limit} a {what} may have")
+            raise too_long(path, what, limit)
         with os.fdopen(fd, "rb", closefd=False) as fh:
             raw = fh.read(limit + 1)
     except OSError as exc:
@@ -96,7 +102,7 @@ def parse_json(raw: bytes, where: str, what: str, *, limit: int = MAX_JSON_BYTES
     bytes; FormatError naming ``where`` when it is longer than ``limit`` or no valid JSON (a deeply nested array
     included: a RecursionError is caught, never a traceback)."""
     if len(raw) > limit:
-        raise FormatError(f"{where}: the {what} is more than the {limit} bytes a {what} may have")
+        raise too_long(where, what, limit)
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -31,7 +31,7 @@ def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package`` that imports ``table[name]`` on first use.
 
     ``table`` maps a name to the module that defines it: a submodule of
-    ``package`` (``"dataset"``) or a module path (``"convert.format.store"``).
+    ``package`` (``"dataset"``) or a module path (``"convert.store.store"``).
     Why: ``import loaders`` and ``import convert`` must not import torch or
     PyAV, which only some of their submodules need.
     """

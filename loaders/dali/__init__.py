@@ -22,8 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from convert.format import manifest_at
 from convert.format.system import lazy_exports
+from convert.store import manifest_at
 
 _LAZY = {"DaliClipLoader": "source", "DaliTFRecordLoader": "native"}
 __getattr__ = lazy_exports(__name__, _LAZY)

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from convert.format import ClipStore, FormatError, open_clips
-from convert.format.cache import CacheSettings
+from convert.format import FormatError
+from convert.store import ClipStore, open_clips
+from convert.store.cache import CacheSettings
 
 from ..presets import ClipPreset
 from ..sampler import EpochPosition

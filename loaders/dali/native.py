@@ -80,8 +80,8 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
-from convert.format.cache import CacheSettings
 from convert.format.tfrecord.schema import BY_NAME
+from convert.store.cache import CacheSettings
 
 from ..presets import ClipPreset, _centre
 from ..sampler import DistributedClipSampler

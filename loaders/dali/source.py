@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
-from convert.format.cache import CacheSettings
 from convert.format.system import cpu_count
+from convert.store.cache import CacheSettings
 
 from ..prefetch import PrefetchPlan
 from ..presets import ClipPreset

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from convert.format import ClipHeader, ClipStore, codec_for_id
+from convert.format import ClipHeader, codec_for_id
+from convert.store import ClipStore
 
 from ..cropread import checked_params
 from ..presets import ClipPreset

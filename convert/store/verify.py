@@ -19,13 +19,13 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 
-from .backends import get_backend
-from .base import CONTENT_KEY, ContentSum
-from .codecs import codec_for_id
-from .errors import FormatError, ShardMissing
-from .layout import check_crc
-from .manifest import Manifest, check_plan, check_shard_meta, content_fingerprint, read_manifest
-from .system import cpu_count, stop_signals_blocked, unblock_stop_signals
+from convert.format.backends import get_backend
+from convert.format.base import CONTENT_KEY, ContentSum
+from convert.format.codecs import codec_for_id
+from convert.format.errors import FormatError, ShardMissing
+from convert.format.layout import check_crc
+from convert.format.manifest import Manifest, check_plan, check_shard_meta, content_fingerprint, read_manifest
+from convert.format.system import cpu_count, stop_signals_blocked, unblock_stop_signals
 
 
 def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = True) -> list[str]:
@@ -168,7 +168,7 @@ def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> 
 
 def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tuple[list[str], dict]:
     """All problems in a conversion folder (empty when it is sound), and the counts checked (a URL:
-    ``cache.verify_url``)."""
+    ``convert.store.cache.verify.verify_url``)."""
     try:
         manifest = read_manifest(out)
     except FormatError as exc:

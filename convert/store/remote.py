@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import asyncio  # imported where a file system is made (fsspec's import does anyway): 30 ms for local readers
 
-from .errors import FormatError, ShardMissing
-from .layout import MAX_JSON_BYTES, parse_json
+from convert.format.errors import FormatError, ShardMissing
+from convert.format.layout import MANIFEST, MAX_JSON_BYTES, parse_json
+from convert.format.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -379,5 +380,12 @@ def read_remote_json(remote: Remote, rel: str, what: str) -> tuple[bytes, Any]:
     return raw, parse_json(raw, remote.join(rel), what, limit=MAX_JSON_BYTES)
 
 
+def read_remote_manifest(remote: Remote) -> tuple[bytes, Manifest]:
+    """(bytes, checked manifest) of the conversion at ``remote``: the one reader of a remote ``manifest.json``,
+    with a local manifest's guards (``read_remote_json``, then ``Manifest.from_dict``); FormatError naming its URL."""
+    raw, parsed = read_remote_json(remote, MANIFEST, "manifest")
+    return raw, Manifest.from_dict(parsed, remote.join(MANIFEST))
+
+
 __all__ = ["ATTEMPTS", "READ_ONLY", "Remote", "RemoteError", "check_url", "classify", "is_url", "read_remote_json",
-           "retried", "scheme"]
+           "read_remote_manifest", "retried", "scheme"]

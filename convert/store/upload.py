@@ -21,13 +21,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .format.backends import get_backend
-from .format.cache import default_cache_dir
-from .format.errors import FormatError
-from .format.layout import MANIFEST, PLAN, REPORT, SHARD_DIR
-from .format.manifest import read_manifest
-from .format.remote import Remote, RemoteError
-from .format.verify import verify_shard
+from convert.format.backends import get_backend
+from convert.format.errors import FormatError
+from convert.format.layout import MANIFEST, PLAN, REPORT, SHARD_DIR
+from convert.format.manifest import read_manifest
+
+from .cache.settings import default_cache_dir
+from .remote import Remote, RemoteError
+from .verify import verify_shard
 
 
 def staging_dir(url: str, staging: str | None = None) -> str:

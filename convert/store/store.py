@@ -5,34 +5,34 @@ records (through the backend the manifest names), and reads clips by global
 index. Shards are opened lazily, once per process (py-lmdb refuses a second
 open in one process, and a handle must not cross a fork), so a ``ClipStore``
 can be pickled into DataLoader workers, DALI workers and DDP ranks, and read
-from several threads. Imports neither torch nor PyAV.
+from several threads. Where the shards' files come from (a folder, or the
+shard cache of a URL) is its ``ShardSource``'s business (``source``).
+Imports neither torch nor PyAV.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .backends import get_backend
-from .base import ShardReader
-from .codecs import Codec, codec_for_id
-from .errors import FormatError
-from .layout import ClipHeader, check_crc
-from .manifest import Manifest, check_plan, check_shard_meta, read_manifest
-from .remote import is_url
+from convert.format.backends import get_backend
+from convert.format.codecs import Codec, codec_for_id
+from convert.format.errors import FormatError
+from convert.format.layout import ClipHeader, check_crc
+from convert.format.manifest import Manifest, check_plan, check_shard_meta, read_manifest
+
+from .remote import Remote, is_url, read_remote_manifest
+from .source import ShardSource, shard_source
 
 if TYPE_CHECKING:
-    from .cache import CacheSettings, Hold, Prefetcher, ShardCache
+    from convert.format.base import ShardReader
 
-# Readers of a remote conversion a store keeps open while idle (their shards are not held in the cache: an
-# evicted one is reopened on its next use).
-IDLE_HOLD = 16
+    from .cache.cache import ShardCache
+    from .cache.prefetch import Prefetcher
+    from .cache.settings import CacheSettings
 
 
 @dataclass(frozen=True)
@@ -56,35 +56,18 @@ class ClipStore(Sequence):
     """
 
     def __init__(self, root: str, *, cache: CacheSettings | None = None) -> None:
-        self.url: str | None = None
-        self.cache: ShardCache | None = None
-        if is_url(root):
-            from .cache import ShardCache
-
-            self.cache = ShardCache(root, cache)
-            self.url = self.cache.url
-            root = self.cache.dir
-        self.root = os.path.abspath(root)
-        self.manifest: Manifest = self.cache.manifest if self.cache else read_manifest(self.root)
+        self.source: ShardSource = shard_source(root, cache)
+        self.url: str | None = self.source.url
+        self.root = self.source.root
+        self.manifest: Manifest = self.source.manifest
         self.backend = get_backend(self.manifest.data.backend)
         self.codec: Codec = codec_for_id(self.manifest.data.codec_id)
         self.classes: list[str] = list(self.manifest.classes)
         check_plan(self.root, self.manifest)
-        self.shard_paths = [os.path.join(self.root, s.path) for s in self.manifest.shards]
-        self._readers: dict[int, ShardReader] = {}
-        self._setup_holds()
-        self._orders: dict[int, list[str] | None] = {}
+        self.shard_paths = [self.source.shard_path(si) for si in range(len(self.manifest.shards))]
         shard_of, ids, labels, counts = [], [], [], []
-        for si, (path, meta) in enumerate(zip(self.shard_paths, self.manifest.shards)):
-            if self.cache is not None:
-                # The cache's index: no download once a shard has been seen (its summary outlives eviction).
-                summary = self.cache.summary(si)
-                stored_meta, records = summary.meta, summary.records
-                self._orders[si] = summary.storage_order
-                where = self.cache.shard_url(si)
-            else:
-                reader = self.reader(si)
-                stored_meta, records, where = reader.meta, reader.records(), path
+        for si, meta in enumerate(self.manifest.shards):
+            stored_meta, records, where = self.source.index(si)
             check_shard_meta(stored_meta, self.manifest, si, where)
             n = 0
             for rec in records:
@@ -106,14 +89,10 @@ class ClipStore(Sequence):
         if bad.size:
             raise FormatError(f"{self.root}: label {int(bad[0])} outside the {len(self.classes)} classes")
 
-    def _setup_holds(self) -> None:
-        self._holds: dict[int, Hold] = {}
-        self._busy: dict[int, int] = {}
-        self._used: dict[int, int] = {}
-        self._tick = 0
-        self._hold_lock = threading.RLock()
-        self._open_locks: dict[int, threading.Lock] = {}
-        self._prefetcher: Prefetcher | None = None
+    @property
+    def cache(self) -> ShardCache | None:
+        """The shard cache a URL is read through (None for a folder)."""
+        return self.source.cache
 
     @property
     def name(self) -> str:
@@ -127,90 +106,12 @@ class ClipStore(Sequence):
 
     def prefetcher(self) -> Prefetcher | None:
         """This process's prefetcher of the remote conversion (None for a folder); made on first use."""
-        if self.cache is None:
-            return None
-        if self._prefetcher is None:
-            from .cache import Prefetcher
-
-            self._prefetcher = Prefetcher(self.cache)
-        return self._prefetcher
+        return self.source.prefetcher()
 
     def hold_all(self, shards: Sequence[int]) -> None:
         """Fetch ``shards`` of a remote conversion and hold them until ``close()`` (DALI's native reader, which
         opens files itself); refused in one line when they do not fit the cache together."""
-        if self.cache is None:
-            return
-        need = sum(self.cache.sizes[s] for s in set(shards))
-        if need > self.cache.limit:
-            from .cache import CacheFullError
-
-            raise CacheFullError(f"{self.url}: this reader needs {len(set(shards))} shards ({need} bytes) in the "
-                                 f"cache at once, the cache limit is {self.cache.limit} bytes: raise --cache-limit")
-        for s in shards:
-            with self._hold_lock:
-                if s in self._holds:
-                    continue
-            hold = self.cache.acquire(int(s))
-            with self._hold_lock:
-                if s in self._holds:
-                    hold.release()
-                else:
-                    self._holds[int(s)] = hold
-
-    @contextlib.contextmanager
-    def _using(self, shard: int) -> Iterator[ShardReader]:
-        """This process's reader of ``shard``; a remote shard is held in the cache (not evicted) meanwhile.
-
-        Only a read in progress holds a shard: an idle reader holds nothing, so
-        a rank that waits (at a barrier, at the end of its epoch) never keeps
-        another rank of its node from the room it needs. An idle reader whose
-        shard was evicted and fetched again is reopened on its next use.
-        """
-        if self.cache is None:
-            yield self.reader(shard)
-            return
-        hold = self.cache.acquire(shard, before_wait=lambda: self._trim(0))
-        try:
-            with self._hold_lock:
-                self._busy[shard] = self._busy.get(shard, 0) + 1
-            try:
-                yield self._current(shard)
-            finally:
-                with self._hold_lock:
-                    self._busy[shard] -= 1
-                    self._tick += 1
-                    self._used[shard] = self._tick
-                    self._trim(IDLE_HOLD)
-        finally:
-            hold.release()
-
-    def _current(self, shard: int) -> ShardReader:
-        """The reader of the copy of remote ``shard`` in the cache now (the caller holds it there)."""
-        with self._hold_lock:
-            opening = self._open_locks.setdefault(shard, threading.Lock())
-        with opening:  # one open per shard, whichever thread asks first
-            r = self._readers.get(shard)
-            if r is not None:
-                try:
-                    # The backend's own test of its files' identity (a folder's inode number alone may be
-                    # reused by the copy fetched after an eviction).
-                    r.check_unchanged()
-                    return r
-                except FormatError:
-                    # Evicted and fetched again since (the cache verified the new copy against the manifest):
-                    # the old reader maps deleted files.
-                    self._readers.pop(shard)
-                    if not self._busy.get(shard, 0) > 1:
-                        r.close()
-            r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
-            return r
-
-    def _trim(self, keep: int) -> None:
-        """Close idle readers of remote shards (least recently used first) until ``keep`` stay open."""
-        with self._hold_lock:
-            idle = sorted((self._used.get(s, 0), s) for s in self._readers if not self._busy.get(s))
-            for _, s in idle[:max(0, len(self._readers) - keep)]:
-                self._readers.pop(s).close()
+        self.source.hold_all(shards)
 
     def reader(self, shard: int) -> ShardReader:
         """This process's reader of shard number ``shard`` (opened on first use).
@@ -218,13 +119,7 @@ class ClipStore(Sequence):
         A remote shard is fetched first, but not held: reads that must not
         race an eviction go through ``visit``.
         """
-        if self.cache is not None:
-            self.cache.acquire(shard).release()
-            return self._current(shard)
-        r = self._readers.get(shard)
-        if r is None:
-            r = self._readers[shard] = self.backend.reader(self.shard_paths[shard])
-        return r
+        return self.source.reader(shard)
 
     def close(self) -> None:
         """Close the shard readers this store opened (they reopen on next use).
@@ -232,15 +127,7 @@ class ClipStore(Sequence):
         Process-wide handles that other readers opened first stay open (see
         ``ShardReader.close``).
         """
-        readers, self._readers = self._readers, {}
-        for r in readers.values():
-            r.close()
-        holds, self._holds = self._holds, {}
-        for h in holds.values():
-            h.release()
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
+        self.source.close()
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -258,9 +145,7 @@ class ClipStore(Sequence):
     def where(self, i: int) -> str:
         """How errors name global clip ``i``: its shard and identity."""
         v, c = self.locate(i)
-        if self.cache is not None:  # named by its URL, without fetching the shard
-            return f"{self.cache.shard_url(int(self.video_shard[v]))}: {self.video_ids[v]} clip {c}"
-        return self.reader(int(self.video_shard[v])).where(self.video_ids[v], c)
+        return self.source.where(int(self.video_shard[v]), self.video_ids[v], c)
 
     def storage_order(self) -> np.ndarray:
         """Every clip index once, in the order the clips' bytes lie in the shards (shard by shard).
@@ -276,10 +161,7 @@ class ClipStore(Sequence):
             bounds = np.searchsorted(self.video_shard, np.arange(len(self.shard_paths) + 1)).tolist()
             videos: list[int] = []
             for si in range(len(self.shard_paths)):
-                if self.cache is not None:
-                    ids = self._orders.get(si) or []
-                else:
-                    ids = self.reader(si).storage_order() or []
+                ids = self.source.storage_order(si) or []
                 number = {self.video_ids[v]: v for v in range(bounds[si], bounds[si + 1])}
                 # Each video once (its first place), then those the order does not name, in reading order.
                 mine = dict.fromkeys(number[vid] for vid in ids if vid in number)
@@ -351,7 +233,7 @@ class ClipStore(Sequence):
                     raise FormatError(f"shape {header.shape}, the manifest says {shape}")
                 fn(pos, header, payload)
 
-            with self._using(int(shards[group[0]])) as reader:
+            with self.source.using(int(shards[group[0]])) as reader:
                 reader.visit([refs[p] for p in positions], at)
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
@@ -376,27 +258,11 @@ class ClipStore(Sequence):
         for i in range(len(self)):
             yield self.get(i)
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_readers"] = {}  # readers hold per-process handles: reopened where the store lands
-        for key in ("_holds", "_busy", "_used", "_tick", "_hold_lock", "_open_locks", "_prefetcher"):
-            state.pop(key, None)  # locks and holds are this process's
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._setup_holds()
-
-
 def manifest_at(root: str, *, cache: CacheSettings | None = None) -> Manifest:
     """The manifest of the conversion at ``root``, a folder or a URL (read without caching anything)."""
     if not is_url(root):
         return read_manifest(root)
-    from .layout import MANIFEST
-    from .remote import Remote, read_remote_json
-
-    remote = Remote(root, storage_options=cache.storage_options if cache else None)
-    return Manifest.from_dict(read_remote_json(remote, MANIFEST, "manifest")[1], remote.join(MANIFEST))
+    return read_remote_manifest(Remote(root, storage_options=cache.storage_options if cache else None))[1]
 
 
 def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:
