@@ -83,8 +83,13 @@ class ClipStore(Sequence):
                 self._orders[si] = summary.storage_order
                 where = self.cache.shard_url(si)
             else:
-                reader = self.reader(si)
-                stored_meta, records, where = reader.meta, reader.records(), path
+                # A reader of its own, closed once read: reading the records maps pages all over the shard, which
+                # would stay in this process's RSS for as long as the handle stays open (clips reopen it).
+                reader = self.backend.reader(path)
+                try:
+                    stored_meta, records, where = reader.meta, reader.records(), path
+                finally:
+                    reader.close()
             check_shard_meta(stored_meta, self.manifest, si, where)
             n = 0
             for rec in records:
