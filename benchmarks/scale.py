@@ -23,7 +23,7 @@ has no file, as every real copy of Kinetics lacks some. For each N of
   ``open_clips``, ``ClipDataset`` and one sampler epoch; wall time, the
   growth of the process's peak RSS and of its heap (anonymous memory; the
   rest is pages of mapped files);
-* trainer start-up, in a fresh process with its imports done first: from
+* trainer start-up, in the same process, its imports done first: from
   ``python -m train``'s entry to its first step (a narrow R3D-18 on the CPU,
   one step), then the checkpoint's size and the time to load it and save it
   again;
@@ -44,6 +44,7 @@ output.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -82,15 +83,14 @@ rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"open_clips_s": t1 - t0, "dataset_s": t2 - t1, "sampler_epoch_s": t3 - t2,
                   "reader_rss_growth_mb": (rss - rss0) / 1024, "reader_heap_mb": heap_mb() - heap0,
                   "clips": len(order)}))
-"""
 
-# The trainer from its entry (imports done) to its first step: ``train_one_epoch`` is wrapped to note when the loop
-# first calls it; then the checkpoint the one step saved is loaded and saved again.
-TRAINER = r"""
-import json, os, sys, time
+# Then, in the same process (its imports already done), the trainer from its entry to its first step:
+# ``train_one_epoch`` is wrapped to note when the loop first calls it; then the checkpoint the one step saved is
+# loaded and saved again.
+import os
 import train.checkpoint as ck
 import train.main as tm
-out, run = sys.argv[1], sys.argv[2]
+run = sys.argv[2]
 first = []
 step = tm.train_one_epoch
 def noted(*args, **kwargs):
@@ -126,12 +126,16 @@ print(json.dumps({"remote_open_s": t1 - t0, "remote_heap_mb": heap_mb() - heap0,
 
 
 def _child(script: str, *args: str) -> dict:
-    """Run ``script`` in a fresh Python (this checkout first on its path); the JSON object it prints last."""
+    """Run ``script`` in a fresh Python (this checkout first on its path); the JSON objects it prints, merged."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
     got = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env)
     if got.returncode != 0:
         raise SystemExit(f"scale: a measuring child failed: {got.stderr.strip().splitlines()[-1:]}")
-    return json.loads(got.stdout.strip().splitlines()[-1])
+    found: dict = {}
+    for line in got.stdout.splitlines():
+        if line.startswith("{"):
+            found.update(json.loads(line))
+    return found
 
 
 def _base_videos(work: str) -> list[str]:
@@ -146,16 +150,28 @@ def build(work: str, n: int, *, classes: int, missing: float, bases: list[str]) 
     """N annotated videos over ``classes`` classes (hard links to ``bases``), ``missing`` of them absent;
     returns (the CSV, the video folder)."""
     root = os.path.join(work, f"videos_{n}")
-    shutil.rmtree(root, ignore_errors=True)
+    for folder in (root, root + "_copies"):
+        shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(root)
     step = max(1, round(1 / missing)) if missing > 0 else 0
     rows = ["label,youtube_id,time_start,time_end,split\n"]
+    sources = list(bases)
     for i in range(n):
         yid = f"y{i:010d}"
         rows.append(f"class_{i % classes:03d},{yid},0,10,train\n")
         if step and i % step == step - 1:
             continue  # annotated, but this copy lacks it
-        os.link(bases[i % len(bases)], os.path.join(root, f"{yid}_000000_000010.mp4"))
+        b = i % len(bases)
+        try:
+            os.link(sources[b], os.path.join(root, f"{yid}_000000_000010.mp4"))
+        except OSError as exc:
+            if exc.errno != errno.EMLINK:
+                raise
+            # A file system's limit of links per file (65,000 on ext4): link on from a fresh copy.
+            os.makedirs(root + "_copies", exist_ok=True)
+            sources[b] = os.path.join(root + "_copies", f"base_{b}_{i}.mp4")
+            shutil.copyfile(bases[b], sources[b])
+            os.link(sources[b], os.path.join(root, f"{yid}_000000_000010.mp4"))
     csv = os.path.join(work, f"train_{n}.csv")
     with open(csv, "w") as fh:
         fh.writelines(rows)
@@ -170,7 +186,7 @@ SIZE, CLIP_LEN = (32, 40), 8  # the converter's frames and clips here: one clip 
 TINY = (1, 32, 32)  # a synthesised clip (frames, height, width): 650k of them fit a small disk, and the trainer's crop
 
 
-def decode_ms_per_video(bases: list[str], rounds: int = 20) -> float:
+def decode_ms_per_video(bases: list[str], rounds: int = 5) -> float:
     """CPU milliseconds of decoding one base video as the converter does here (its first clip's frames, at
     ``SIZE``), alone in this process: what the job's CPU per video is compared with."""
     from convert.decode import FrameSpec, VideoDecoder
@@ -272,16 +288,15 @@ def measure(work: str, n: int, args: argparse.Namespace, bases: list[str], decod
     row["verify_s"] = time.perf_counter() - t0
     if problems:
         raise SystemExit(f"scale: verify found problems at N={n}: {problems[0]}")
-    row.update(_child(STARTUP, out))
     run = os.path.join(work, f"run_{n}")
     shutil.rmtree(run, ignore_errors=True)
     shutil.rmtree(run + "_again", ignore_errors=True)
-    row.update(_child(TRAINER, out, run))
+    row.update(_child(STARTUP, out, run))
     cache = os.path.join(work, f"cache_{n}")
     shutil.rmtree(cache, ignore_errors=True)
     row.update(_child(REMOTE, "file://" + os.path.abspath(out), cache))
     if not args.keep:
-        for folder in (out, videos, run, run + "_again", cache):
+        for folder in (out, videos, videos + "_copies", run, run + "_again", cache):
             shutil.rmtree(folder, ignore_errors=True)
     return row
 
