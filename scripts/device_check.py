@@ -138,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main() -> int:
-    opts = build_parser().parse_args()
+def main(argv: list[str] | None = None) -> int:
+    """The check; ``argv`` as on the command line (default: the process's); returns the exit status."""
+    opts = build_parser().parse_args(argv)
     cuda = torch.cuda.is_available() and not opts.smoke
     if not cuda and not opts.smoke:
         # Not a quiet fallback: a check asked for on a GPU and run on the CPU would read as a pass.

@@ -35,13 +35,18 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
     from benchmarks.scale import STAGES
     from benchmarks.scale import main as scale_main
 
+    # The smaller size converted by ``python -m convert``, the larger synthesised by the shard writers.
     assert scale_main(["--sizes", "12,24", "--classes", "4", "--missing", "0.25", "--workers", "1",
-                       "--work", str(tmp_path / "w")]) == 0
+                       "--synthesise-from", "24", "--work", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["videos"] for r in rows] == [12, 24]
+    assert [r["conversion"] for r in rows] == ["converted", "synthesised"]
     assert [r["clips"] for r in rows] == [9, 18]  # a quarter of the annotated videos have no file
+    assert [r["remote_clips"] for r in rows] == [9, 18]  # the same conversion, opened as a file:// URL
     assert all(r[k] >= 0 for r in rows for k in STAGES)  # a tiny run may grow no RSS measurably
     assert all(r["convert_s"] > 0 and r["plan.json_kb"] > 0 for r in rows)
+    assert all(r["trainer_start_s"] > 0 and r["checkpoint_kb"] > 0 and r["checkpoint_load_s"] > 0 for r in rows)
     assert "growth from N=12 to N=24" in out and "| videos |" in out
+    assert "Kinetics-400 (240,000 videos): conversion" in out and "Kinetics-700 (650,000 videos)" in out
     assert not os.path.exists(tmp_path / "w" / "out_12")  # each size's conversion removed unless --keep

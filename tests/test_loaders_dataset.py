@@ -176,3 +176,26 @@ def test_the_retired_name_lmdb_clip_dataset_is_gone():
         loaders.LmdbClipDataset  # noqa: B018 - the attribute access is the test
     with pytest.raises(ImportError):
         from loaders.dataset import LmdbClipDataset  # noqa: F401
+
+
+def test_opening_keeps_no_shard_mapped_and_reads_every_clip_in_record_order(raw_root):
+    """The store indexes its shards through readers it closes (their records mapped pages all over each shard,
+    held in RSS for the whole run): afterwards it reads the same clips, in the same order, as the shards' own
+    records give them."""
+    from convert.format import codec_for_id
+    from convert.format.lmdb import HANDLES
+
+    for path in open_clips(raw_root).shard_paths:
+        HANDLES.forget(path)  # handles other tests' readers opened
+    store = open_clips(raw_root)
+    assert not any(HANDLES.holds(p) for p in store.shard_paths)
+    expected = []
+    for path in store.shard_paths:
+        reader = store.backend.reader(path)
+        records = reader.records()
+        assert reader.records() == records and reader.records() is not records  # read afresh, never kept
+        expected += [(h.video_id, h.clip_index, h.label, codec_for_id(h.codec_id).decode(p, h.shape).tobytes())
+                     for _, h, p in reader.iter_clips()]
+        reader.close()
+    assert [(s.video_id, s.clip_index, s.label, s.clip.tobytes()) for s in store] == expected
+    assert len(expected) == len(store) > 20

@@ -29,7 +29,11 @@ SCRIPT = textwrap.dedent("""
         import atexit
         from train.workers import kill_workers_left_at_exit
         atexit.unregister(kill_workers_left_at_exit)
+    print("exiting", flush=True)  # all that is left is the interpreter's exit
 """)
+# How long a process that reached its exit gets to end before it counts as hung: the exit with the handler takes
+# a fraction of this; the hang without it lasts forever.
+HANG_S = 5.0
 
 
 def _run(mode: str, timeout: float) -> subprocess.CompletedProcess:
@@ -50,20 +54,30 @@ def _gone(pid: int) -> bool:
 def test_workers_left_at_exit_are_killed_and_the_process_exits():
     done = _run("keep", timeout=120)
     assert done.returncode == 0, done.stderr
-    pids = [int(p) for p in done.stdout.split()]
+    pids = [int(p) for p in done.stdout.splitlines()[0].split()]
+    assert done.stdout.splitlines()[1:] == ["exiting"]
     assert len(pids) == 2 and all(_gone(p) for p in pids)
 
 
 def test_without_the_handler_the_process_would_hang_at_exit():
-    # The case the handler exists for: the same script, handler removed, does not exit by itself.
+    # The case the handler exists for: the same script, handler removed, does not exit by itself. Timed from
+    # the moment it reaches its exit (not from its start, which imports torch), so a slow start cannot pass for
+    # the hang.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "unregister"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and proc.stdout.readline() == "exiting\n"
     try:
-        done = _run("unregister", timeout=20)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        for pid in map(int, out.split()):
+        code = proc.wait(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *pids]:
             try:
-                os.kill(pid, 9)  # the orphaned workers; subprocess.run killed their parent
+                os.kill(pid, 9)  # the hung process and its orphaned workers
             except ProcessLookupError:
                 pass
+        proc.wait()
+        proc.stdout.close()
         return
-    raise AssertionError(f"exited with {done.returncode} without the handler; the test no longer shows the hang")
+    raise AssertionError(f"exited with {code} without the handler; the test no longer shows the hang")

@@ -99,8 +99,13 @@ class LocalShards(ShardSource):
         self._readers: dict[int, ShardReader] = {}
 
     def index(self, shard: int) -> tuple[dict | None, list[VideoRecord], str]:
-        reader = self.reader(shard)
-        return reader.meta, reader.records(), self.shard_path(shard)
+        # A reader of its own, closed once read: reading the records maps pages all over the shard, which would
+        # stay in this process's RSS for as long as the handle stays open (clips reopen it).
+        reader = self.backend_reader(self.shard_path(shard))
+        try:
+            return reader.meta, reader.records(), self.shard_path(shard)
+        finally:
+            reader.close()
 
     def storage_order(self, shard: int) -> list[str] | None:
         return self.reader(shard).storage_order()

@@ -39,7 +39,6 @@ class LmdbReader(ShardReader):
         data = os.path.join(path, DATA_FILE)
         self._identity = file_identity(data)
         self.file_size = os.path.getsize(data)
-        self._records: list[VideoRecord] | None = None
         with self._reading(), self._txn() as txn:
             self._meta: dict | None = self._json(txn, SHARD_KEY, "shard metadata")
             self._complete: dict | None = self._json(txn, COMPLETE_KEY, "shard summary")
@@ -90,10 +89,10 @@ class LmdbReader(ShardReader):
         return self._complete
 
     def records(self) -> list[VideoRecord]:
-        if self._records is None:
-            with self._reading(), self._txn() as txn:
-                self._records = read_records(txn, self.path, self.file_size)
-        return self._records
+        # Read afresh on every call, never kept: a store indexes them once into arrays, and a reader held for a
+        # whole run would otherwise keep a Python object per video of its shard (a reader process's largest heap).
+        with self._reading(), self._txn() as txn:
+            return read_records(txn, self.path, self.file_size)
 
     def storage_order(self) -> list[str] | None:
         return self._order
