@@ -8,21 +8,24 @@ import time
 from collections import Counter
 from dataclasses import asdict
 
-from .format import FORMAT_VERSION, MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from .format import MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
 from .format.base import CONTENT_KEY
 from .format.errors import storing
-from .format.layout import write_json_atomic
+from .format.layout import MANIFEST_VERSION, write_json_atomic
 from .format.manifest import Totals, content_fingerprint
 from .plan import Plan
 
 
 def manifest_entry(summary: dict, out: str, plan: Plan) -> ShardEntry:
-    """The manifest's entry of a shard from its summary (``finish``'s, plus ``index``), with the backend's extras."""
+    """The manifest's entry of a shard from its summary (``finish``'s, plus ``index``), with the backend's extras and
+    the shard's files (each file read once, for its checksum)."""
     path = plan.shard_path(out, summary["index"])
-    extras = get_backend(plan.config.backend).manifest_extras
+    backend = get_backend(plan.config.backend)
+    with storing("reading", path):
+        files = backend.files.describe(path)
     return ShardEntry(name=os.path.basename(path), path=os.path.relpath(path, out), index=summary["index"],
-                      **{k: summary[k] for k in SUMMARY_KEYS},
-                      extras={k: summary[k] for k in (*extras, CONTENT_KEY) if k in summary})
+                      **{k: summary[k] for k in SUMMARY_KEYS}, shard_files=files,
+                      extras={k: summary[k] for k in (*backend.manifest_extras, CONTENT_KEY) if k in summary})
 
 
 def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
@@ -54,7 +57,7 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
     # A shard finished by an earlier release has no content sum: the conversion then has no fingerprint.
     fingerprint = content_fingerprint(data, contents) if len(contents) == len(shards) else None
     manifest = Manifest(
-        format_version=FORMAT_VERSION, data=data, shards=tuple(shards), fingerprint=fingerprint,
+        format_version=MANIFEST_VERSION, data=data, shards=tuple(shards), fingerprint=fingerprint,
         totals=Totals(videos=sum(s.videos for s in shards), clips=sum(s.clips for s in shards),
                       value_bytes=sum(s.value_bytes for s in shards)),
         status_counts=dict(sorted(statuses.items())), source=dict(plan.source),

@@ -144,6 +144,35 @@ def test_nothing_outside_the_model_registry_names_a_network():
     assert offenders == []
 
 
+# The names of each backend's files (FORMAT.md, its section): only the backend's own package may spell them.
+BACKEND_FILE_NAMES = {"lmdb": ("data.mdb", "lock.mdb"),
+                      "tfrecord": (".tfrecord", ".idx", "shard.json", "complete.json")}
+
+
+def _strings(path: str) -> list[str]:
+    """The string constants of a module that are not docstrings (what the code uses, not what it says)."""
+    tree = ast.parse(open(path).read(), path)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def test_no_module_outside_a_backend_names_its_files():
+    """The cache, the uploader, the verifier, the loaders name no backend's files: each backend declares them
+    (``ShardFiles``) and a manifest lists them, so a new backend needs no edit elsewhere."""
+    assert set(BACKEND_FILE_NAMES) == set(BACKENDS)
+    offenders = []
+    for name, path in _modules().items():
+        for backend, names in BACKEND_FILE_NAMES.items():
+            if _within(name, f"convert.format.{backend}"):
+                continue
+            offenders += [f"{name} names {token!r} ({backend})" for text in _strings(path) for token in names
+                          if token in text]
+    assert offenders == []
+
+
 def test_nothing_is_registered_at_import():
     """No fork hook, exit handler or signal handler is installed by importing a module of the packages."""
     hooks = ("register_at_fork", "atexit.register", "signal.signal")

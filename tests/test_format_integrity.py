@@ -72,3 +72,29 @@ def test_without_the_plan_the_shards_own_metadata_still_catch_a_dropped_or_moved
     with pytest.raises(FormatError, match="shard is number 1 of its conversion, the manifest lists it as number 0"):
         open_clips(out)
     assert any("reordered" in p for p in verify(out)[0])
+
+
+def test_a_shard_file_changed_where_no_clip_lies_is_caught_by_its_listed_checksum(raw_root, tmp_path):  # noqa: F811
+    """The manifest lists each shard's files with their sizes and SHA-256 (format version 3): verify, and the shard
+    cache on arrival, refuse a copy whose bytes differ even where no clip, record or checksum of the format lies
+    (the end of an LMDB file, past its last page in use)."""
+    from convert.store.cache import CacheSettings
+
+    out = copy_conversion(raw_root, str(tmp_path / "c"))
+    name = json.load(open(os.path.join(out, "manifest.json")))["shards"][0]["name"]
+    (data,) = [f["name"] for f in json.load(open(os.path.join(out, "manifest.json")))["shard_files"][name]]
+    path = os.path.join(out, "shards", name, data)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    problems = verify(out)[0]
+    assert [p for p in problems if "checksum" in p] == [p for p in problems if p.startswith(f"{name}: file {data}: "
+                                                                                             "checksum ")], problems
+    assert len(problems) == 1, problems
+    with pytest.raises(FormatError) as err:
+        store = open_clips(f"file://{out}", cache=CacheSettings(cache_dir=str(tmp_path / "cache")))
+        for i in range(len(store)):
+            store.get(i)
+    assert "\n" not in str(err.value) and f"file {data}: checksum" in str(err.value) and "on arrival" in str(err.value)

@@ -118,14 +118,22 @@ def _tfrecord_shard(path: str, files: list[dict]) -> tuple[dict, list[dict], dic
 
 
 def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray]]]:
-    """Everything per FORMAT.md version 2: manifest, shard metadata, records, values, payloads, checksum."""
+    """Everything per FORMAT.md version 3 (and 2): manifest, the shards' files, shard metadata, records, values,
+    payloads, checksum."""
     manifest = json.load(open(os.path.join(out, "manifest.json")))
-    if manifest["format"] != "videoclips" or manifest["format_version"] != 2:
-        raise ValueError("not a videoclips v2 conversion")
+    if manifest["format"] != "videoclips" or manifest["format_version"] not in (2, 3):
+        raise ValueError("not a videoclips v2 or v3 conversion")
     clips = []
     total = 0  # the content fingerprint's sum over videos (FORMAT.md, *Content fingerprint*)
     for k, shard in enumerate(manifest["shards"]):
         path = os.path.join(out, shard["path"])
+        if manifest["format_version"] >= 3:  # every file of the shard, by name, with its size and SHA-256
+            assert list(manifest["shard_files"]) == [s["name"] for s in manifest["shards"]]
+            names = [f["name"] for f in manifest["shard_files"][shard["name"]]]
+            assert names == sorted(names, key=str.encode) and len(set(names)) == len(names)
+            for f in manifest["shard_files"][shard["name"]]:
+                data = open(os.path.join(path, f["name"]), "rb").read()
+                assert len(data) == f["bytes"] and hashlib.sha256(data).hexdigest() == f["sha256"], f["name"]
         if manifest["backend"] == "lmdb":
             meta, records, stored = _lmdb_shard(path)
         else:
@@ -168,6 +176,7 @@ def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
     out = str(tmp_path / codec)
     run_job(synth_videos, out, ConvertConfig(codec=codec, backend=backend, max_clips=1),
             JobOptions(workers=2, progress=False))
+    assert json.load(open(os.path.join(out, "manifest.json")))["format_version"] == 3
     classes, clips = spec_read(out)
     store = open_clips(out)
     assert classes == store.classes and len(clips) == len(store)
@@ -176,6 +185,36 @@ def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
         s = store[i]
         assert (vid, index, label) == (s.video_id, s.clip_index, s.label)
         assert np.array_equal(arr, s.clip)
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_version_2_conversion_is_still_read_and_verified(synth_videos, tmp_path, backend):
+    """A version 2 manifest (no ``shard_files``) reads as its version 3 twin: the same clips, verify passes, and a
+    URL's cache takes the shard's files from its folder's listing (what its backend declares)."""
+    from convert.job import JobOptions, run_job
+    from convert.plan import ConvertConfig
+    from convert.store import CacheSettings, open_clips
+    from convert.store.verify import verify
+
+    out = str(tmp_path / "v2")
+    run_job(synth_videos, out, ConvertConfig(codec="lz4", backend=backend, max_clips=1),
+            JobOptions(workers=2, progress=False))
+    classes, expected = spec_read(out)  # the version 3 conversion, read from FORMAT.md alone
+    path = os.path.join(out, "manifest.json")
+    manifest = json.load(open(path))
+    manifest["format_version"] = 2
+    del manifest["shard_files"]
+    json.dump(manifest, open(path, "w"))
+    assert spec_read(out)[0] == classes
+    assert verify(out)[0] == []
+    for root, cache in ((out, None), (f"file://{out}", CacheSettings(cache_dir=str(tmp_path / "cache")))):
+        store = open_clips(root, cache=cache)
+        assert store.manifest.format_version == 2 and all(s.shard_files is None for s in store.manifest.shards)
+        assert store.classes == classes
+        got = [(s.video_id, s.clip_index, s.label, s.clip) for s in store]
+        assert [g[:3] for g in got] == [e[:3] for e in expected]
+        assert all(np.array_equal(g[3], e[3]) for g, e in zip(got, expected))
+        store.close()
 
 
 # -- version 1: retired before the first release -----------------------------

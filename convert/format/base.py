@@ -19,7 +19,7 @@ import json
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,7 +28,7 @@ import numpy as np
 from .codecs import Codec, get_codec
 from .errors import FormatError
 from .layout import HEADER_SIZE, ClipHeader, pack_header, plain_name
-from .manifest import DATA_KEYS
+from .manifest import DATA_KEYS, ShardEntry, ShardFile
 from .records import VideoRecord
 
 # The summary fields every backend's ``finish`` returns and the manifest lists per shard.
@@ -329,6 +329,29 @@ class ShardFiles:
         """Whether ``name`` is one of the small files the shard is indexed from."""
         return _matches(self.index, name) and self.is_data(name)
 
+    def listed(self, entry: ShardEntry, found: Iterable[str]) -> list[str]:
+        """The names of the files of the shard ``entry`` describes: those its manifest entry lists (format version
+        3), or, in a version 2 manifest, those of ``found`` (a folder's or a listing's names) that are data."""
+        if entry.shard_files is not None:
+            return [f.name for f in entry.shard_files]
+        return sorted(name for name in found if self.is_data(name))
+
+    def describe(self, folder: str) -> tuple[ShardFile, ...]:
+        """Every data file of the finished shard in ``folder``, by name, with its size and SHA-256 (what a version 3
+        manifest lists; OSError as it comes)."""
+        return tuple(ShardFile(name=name, bytes=os.path.getsize(os.path.join(folder, name)),
+                               sha256=file_sha256(os.path.join(folder, name)))
+                     for name in sorted(os.listdir(folder)) if self.is_data(name))
+
+
+def file_sha256(path: str) -> str:
+    """SHA-256 of file ``path``'s bytes, as 64 lowercase hex digits."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
 
 def _matches(patterns: tuple[str, ...], name: str) -> bool:
     """Whether ``name`` is a plain file name (``plain_name``) matched in full by one of ``patterns``: a name from a
@@ -362,4 +385,4 @@ class Backend:
 
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
-           "ShardReader", "ShardWriter", "Visitor", "option", "summarize_headers"]
+           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "option", "summarize_headers"]

@@ -17,19 +17,24 @@ from typing import Any
 from .errors import FormatError, storing
 
 FORMAT_NAME = "videoclips"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # of clip headers, shard metadata and plan.json
 READABLE_VERSIONS = (2,)
+# The manifest's: version 3 lists each shard's files with their sizes and checksums; a version 2 manifest (without
+# them) is still read.
+MANIFEST_VERSION = 3
+READABLE_MANIFEST_VERSIONS = (2, 3)
 # Conversions written in an older version of the format, which this one refuses with a line saying to reconvert.
 RETIRED_VERSIONS = (1,)
 
 
-def version_problem(version: object, what: str) -> str:
-    """Why ``what`` (a manifest's or a value's) format ``version`` cannot be read, in one line."""
+def version_problem(version: object, what: str, readable: tuple[int, ...] = READABLE_VERSIONS) -> str:
+    """Why ``what`` (a manifest's or a value's) format ``version`` cannot be read (``readable``: those that can), in
+    one line."""
     shown = repr(version) if not isinstance(version, int) or isinstance(version, bool) else str(version)
     if version in RETIRED_VERSIONS and not isinstance(version, bool):
         return (f"{what} {shown} was written by an earlier release of this project; reconvert the videos with "
                 f"this one (python -m convert)")
-    return f"{what} {shown[:40]} is not one this reader knows ({', '.join(map(str, READABLE_VERSIONS))})"
+    return f"{what} {shown[:40]} is not one this reader knows ({', '.join(map(str, readable))})"
 
 MANIFEST = "manifest.json"
 PLAN = "plan.json"

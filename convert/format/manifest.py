@@ -18,7 +18,7 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .errors import FormatError
@@ -27,7 +27,7 @@ from .layout import (
     FORMAT_VERSION,
     MANIFEST,
     PLAN,
-    READABLE_VERSIONS,
+    READABLE_MANIFEST_VERSIONS,
     SHARD_DIR,
     plain_name,
     read_json_file,
@@ -178,8 +178,52 @@ def _check_files(value: Any, where: str) -> None:
 
 
 @dataclass(frozen=True)
+class ShardFile:
+    """One file of a shard as the manifest lists it (format version 3): its plain name, size and SHA-256."""
+
+    name: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> ShardFile:
+        if not isinstance(d, dict):
+            raise FormatError(f"{where} is {_short(d)}, expected an object")
+        sha = _get(d, "sha256", str, where)
+        if not _HEX64.fullmatch(sha):
+            raise FormatError(f"{where}: sha256 {_short(sha)} is not 64 lowercase hex digits")
+        return cls(name=plain_name(_get(d, "name", str, where), "name", where),
+                   bytes=_count(d, "bytes", where), sha256=sha)  # type: ignore[arg-type]
+
+
+def _shard_files(value: Any, where: str) -> tuple[ShardFile, ...]:
+    """A shard's ``shard_files``: distinct plain file names, each with its size and checksum."""
+    if not isinstance(value, list) or not value:
+        raise FormatError(f"{where} is {_short(value)}, expected a non-empty list")
+    out = tuple(ShardFile.from_dict(f, f"{where}[{k}]") for k, f in enumerate(value))
+    if len({f.name for f in out}) != len(out):
+        raise FormatError(f"{where}: a file is listed twice")
+    return out
+
+
+def _with_files(shards: tuple[ShardEntry, ...], listed: dict[str, Any], where: str) -> tuple[ShardEntry, ...]:
+    """``shards`` each given its files from the manifest's ``shard_files`` (by shard name: one list per shard). A key
+    naming no listed shard is ignored: a shard dropped from the list is caught by the shards' own metadata
+    (``check_shard_meta``), which says more."""
+    lacking = [s.name for s in shards if s.name not in listed]
+    if lacking:
+        raise FormatError(f"{where}: shard_files lacks shard {_short(lacking[0])}")
+    return tuple(replace(s, shard_files=_shard_files(listed[s.name], f"{where}: shard_files[{_short(s.name)}]"))
+                 for s in shards)
+
+
+@dataclass(frozen=True)
 class ShardEntry:
-    """One shard as the manifest lists it; ``extras`` are the fields its backend adds (TFRecord: ``files``)."""
+    """One shard as the manifest lists it; ``extras`` the fields its backend adds (TFRecord: ``files``);
+    ``shard_files`` its files, from the manifest's ``shard_files`` (None in a version 2 manifest)."""
 
     name: str
     path: str
@@ -189,6 +233,7 @@ class ShardEntry:
     value_bytes: int
     sha256: str
     extras: dict[str, Any] = field(default_factory=dict)
+    shard_files: tuple[ShardFile, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": self.path, "index": self.index, "videos": self.videos,
@@ -214,7 +259,7 @@ class ShardEntry:
         # A reordered list is caught against the shards' own metadata, which says where each shard belongs
         # (check_shard_meta), so the index is read, not judged, here.
         index = _get(d, "index", int, w)
-        known = {f.name for f in fields(cls)} - {"extras"}
+        known = {f.name for f in fields(cls)} - {"extras", "shard_files"}
         return cls(name=name, path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
                    clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),  # type: ignore[arg-type]
                    sha256=_get(d, "sha256", str, w), extras={k: v for k, v in d.items() if k not in known})
@@ -272,7 +317,7 @@ class Manifest:
         return {"format": FORMAT_NAME, "format_version": self.format_version, **self.data.to_dict(),
                 "num_classes": self.num_classes, "shards": [s.to_dict() for s in self.shards],
                 "totals": self.totals.to_dict(), "status_counts": dict(self.status_counts),
-                "source": dict(self.source), "created": self.created,
+                "source": dict(self.source), "created": self.created, **self._files_dict(),
                 **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {})}
 
     @classmethod
@@ -283,12 +328,14 @@ class Manifest:
         if d.get("format") != FORMAT_NAME:
             raise FormatError(f"{where}: format {d.get('format')!r} is not {FORMAT_NAME!r}")
         version = d.get("format_version")
-        if version not in READABLE_VERSIONS or isinstance(version, bool):
-            raise FormatError(f"{where}: {version_problem(version, 'format version')}")
+        if version not in READABLE_MANIFEST_VERSIONS or isinstance(version, bool):
+            raise FormatError(f"{where}: {version_problem(version, 'format version', READABLE_MANIFEST_VERSIONS)}")
         data = DataSpec.from_dict(d, where)
         if _get(d, "num_classes", int, where) != len(data.classes):
             raise FormatError(f"{where}: num_classes {d['num_classes']} but {len(data.classes)} class names")
         shards = tuple(ShardEntry.from_dict(s, where, k) for k, s in enumerate(_get(d, "shards", list, where)))
+        if version >= 3:
+            shards = _with_files(shards, _get(d, "shard_files", dict, where), where)
         _check_distinct(shards, where)
         raw_totals = _get(d, "totals", dict, where)
         totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),  # type: ignore[arg-type]
@@ -303,6 +350,12 @@ class Manifest:
         return cls(format_version=version, data=data, shards=shards, totals=totals, status_counts=dict(counts),
                    source=dict(_get(d, "source", dict, where)), created=_get(d, "created", str, where),
                    fingerprint=fingerprint)
+
+    def _files_dict(self) -> dict[str, Any]:
+        """``shard_files`` as written (version 3): each shard's files by its name, in the shards' order."""
+        if any(s.shard_files is None for s in self.shards) or self.format_version < 3:
+            return {}
+        return {"shard_files": {s.name: [f.to_dict() for f in s.shard_files or ()] for s in self.shards}}
 
     def shard_path(self, root: str, index: int) -> str:
         """Where shard ``index`` lies for the conversion at ``root``."""
@@ -377,4 +430,5 @@ def check_plan(root: str, manifest: Manifest) -> None:
 
 
 __all__ = ["DATA_KEYS", "FINGERPRINT_FIELDS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "ShardEntry",
+           "ShardFile",
            "Totals", "check_plan", "check_shard_meta", "content_fingerprint", "read_manifest", "shard_meta"]

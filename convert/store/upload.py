@@ -129,9 +129,10 @@ def upload_conversion(local: str, url: str, *, say: Callable[[str], None] = lamb
         if problems:
             raise FormatError(f"{folder}: not uploaded to {url}: {problems[0]}")
         shard_sent = shard_kept = shard_removed = 0
-        for name in sorted(os.listdir(folder)):
-            if not files.is_data(name):
-                continue  # not the shard's (a lock file, a writer's temporary): never uploaded
+        # The files the manifest lists (version 2: those the backend declares); anything else in the folder (a
+        # lock file, a writer's temporary) is not the shard's and never uploaded.
+        names = files.listed(shard, os.listdir(folder))
+        for name in names:
             path = os.path.join(folder, name)
             rel = f"{shard.path}/{name}"
             if _same(listed.get(rel), path, remote, rel):
@@ -141,7 +142,7 @@ def upload_conversion(local: str, url: str, *, say: Callable[[str], None] = lamb
             shard_sent += 1
         # Objects under the shard's prefix that are not its files (a conversion with more parts before, a killed
         # put's temporary): removed, so the URL holds what a clean upload leaves.
-        mine = {f"{shard.path}/{name}" for name in os.listdir(folder) if files.is_data(name)}
+        mine = {f"{shard.path}/{name}" for name in names}
         for rel in sorted(k for k in listed if k.startswith(shard.path + "/") and k not in mine):
             remote.remove(rel)
             shard_removed += 1

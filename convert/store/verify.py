@@ -20,11 +20,18 @@ import signal
 from collections.abc import Callable, Sequence
 
 from convert.format.backends import get_backend
-from convert.format.base import CONTENT_KEY, ContentSum
+from convert.format.base import CONTENT_KEY, ContentSum, file_sha256
 from convert.format.codecs import codec_for_id
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import check_crc
-from convert.format.manifest import Manifest, check_plan, check_shard_meta, content_fingerprint, read_manifest
+from convert.format.manifest import (
+    Manifest,
+    ShardEntry,
+    check_plan,
+    check_shard_meta,
+    content_fingerprint,
+    read_manifest,
+)
 from convert.format.system import cpu_count, stop_signals_blocked, unblock_stop_signals
 
 
@@ -99,6 +106,26 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
     if recorded is not None and content.hexdigest() != recorded:
         problems.append(f"{name}: content sum {content.hexdigest()[:16]}... differs from manifest "
                         f"{str(recorded)[:16]}...")
+    return problems + file_problems(path, meta)
+
+
+def file_problems(folder: str, entry: ShardEntry) -> list[str]:
+    """The files the manifest lists for shard ``entry`` (format version 3) that ``folder`` lacks or holds with
+    another size or checksum, one line each (nothing to check in a version 2 manifest)."""
+    problems = []
+    for f in entry.shard_files or ():
+        path = os.path.join(folder, f.name)
+        try:
+            size = os.path.getsize(path)
+            if size != f.bytes:
+                problems.append(f"{entry.name}: file {f.name} is {size} bytes, manifest says {f.bytes}")
+            elif (sha := file_sha256(path)) != f.sha256:
+                problems.append(f"{entry.name}: file {f.name}: checksum {sha[:16]}... differs from manifest "
+                                f"{f.sha256[:16]}...")
+        except FileNotFoundError:
+            problems.append(f"{entry.name}: file {f.name} is missing (the manifest lists it)")
+        except OSError as exc:
+            problems.append(f"{entry.name}: file {f.name} cannot be read: {exc.strerror}")
     return problems
 
 
@@ -225,4 +252,4 @@ def verify_store(shard_paths: Sequence[str], manifest: Manifest) -> dict:
     return {"shards": len(shard_paths), "clips": clips}
 
 
-__all__ = ["checked_counts", "isolated", "totals_problems", "verify", "verify_shard", "verify_store"]
+__all__ = ["checked_counts", "file_problems", "isolated", "totals_problems", "verify", "verify_shard", "verify_store"]

@@ -181,7 +181,8 @@ class ShardCache:
         sweep_index(self.dir)
 
     def _list_shards(self) -> list[dict[str, int]]:
-        """Per shard: {file relative to its folder: size}, from one listing per folder of shards."""
+        """Per shard: {file name: size}: the files its manifest entry lists, found in one listing per folder of
+        shards (the sizes the manifest gives; in a version 2 manifest, the listed objects the backend declares)."""
         parents = sorted({os.path.dirname(s.path) for s in self.manifest.shards})
         listed: dict[str, int] = {}
         for parent in parents:
@@ -191,11 +192,12 @@ class ShardCache:
         files = get_backend(self.manifest.data.backend).files
         for s in self.manifest.shards:
             prefix = s.path + "/"
-            # Only the files the backend declares: any other object under the prefix (a stale part, a killed
-            # upload's temporary, a key with '..' planted by whoever can write the bucket) is neither
-            # downloaded nor counted.
-            mine = {k[len(prefix):]: v for k, v in listed.items()
-                    if k.startswith(prefix) and files.is_data(k[len(prefix):])}
+            # Only the files the manifest lists (or, in a version 2 manifest, the backend declares): any other
+            # object under the prefix (a stale part, a killed upload's temporary, a key with '..' planted by
+            # whoever can write the bucket) is neither downloaded nor counted.
+            found = {k[len(prefix):]: v for k, v in listed.items() if k.startswith(prefix)}
+            sizes = {f.name: f.bytes for f in s.shard_files or ()}
+            mine = {name: sizes.get(name, found[name]) for name in files.listed(s, found) if name in found}
             if not mine:
                 raise ShardMissing(f"{self.remote.join(s.path)}: the manifest names shard {s.name}, no object "
                                    f"is there")
@@ -324,20 +326,18 @@ class ShardCache:
             return True
 
     def _download(self, index: int, tmp: str) -> None:
+        """The shard's files into ``tmp``: exactly those ``files`` names, each checked against its listed size
+        (their checksums are checked on arrival, ``_verify``)."""
         entry = self.manifest.shards[index]
-        expected = {f["path"]: f["bytes"] for f in entry.extras.get("files", []) if isinstance(f, dict)}
-        os.makedirs(tmp, exist_ok=True)
-        for rel, size in sorted(self.files[index].items()):
-            local = inside(tmp, rel, self.remote.join(f"{entry.path}/{rel}"))
-            want = expected.get(rel, size)
-            if want != size:
-                raise FormatError(f"{self.remote.join(f'{entry.path}/{rel}')}: {size} bytes, the manifest says "
-                                  f"{want} (truncated or replaced object?)")
-            self.remote.download(f"{entry.path}/{rel}", local, want)
+        expected = {f.name: f.bytes for f in entry.shard_files or ()}
         missing = sorted(set(expected) - set(self.files[index]))
         if missing:
             raise ShardMissing(f"{self.remote.join(f'{entry.path}/{missing[0]}')}: no such object (the manifest "
                                f"lists it)")
+        os.makedirs(tmp, exist_ok=True)
+        for rel, want in sorted(self.files[index].items()):
+            local = inside(tmp, rel, self.remote.join(f"{entry.path}/{rel}"))
+            self.remote.download(f"{entry.path}/{rel}", local, want)
 
     def _verify(self, index: int, tmp: str) -> ShardSummary:
         """The downloaded shard checked as ``verify`` checks it; FormatError naming its URL at the first problem."""
