@@ -161,8 +161,8 @@ def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray
 @pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("codec", list(WRITE_CODECS))
 def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
     from loaders import open_clips
 
     out = str(tmp_path / codec)

@@ -21,7 +21,7 @@ from torch.utils.data import Sampler
 
 from convert.format.cache import CacheSettings
 from convert.format.remote import RemoteError, is_url
-from convert.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
+from convert.worker.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
 from loaders import (
     ClipDataset,
     ClipPreset,
