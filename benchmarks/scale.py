@@ -7,7 +7,7 @@ classes, and a Kinetics CSV naming all N of which a share (``--missing``)
 has no file, as every real copy of Kinetics lacks some. For each N of
 ``--sizes`` (in one run, so the figures compare):
 
-* plan: reading the CSV and indexing the video folder (``convert.sources``);
+* plan: reading the CSV and indexing the video folder (``convert.worker.sources``);
 * convert: ``python -m convert`` in a child process: wall and CPU time (of
   every process it started, also per video present), the largest peak RSS
   among them and bytes written;
@@ -53,7 +53,7 @@ print(json.dumps({"open_clips_s": t1 - t0, "dataset_s": t2 - t1, "sampler_epoch_
 """
 
 
-def _base_videos(work: str) -> list[str]:
+def base_videos(work: str) -> list[str]:
     """A few short real H.264 videos (synthetic footage), written once."""
     from convert.synth import make_dataset
 
@@ -85,10 +85,33 @@ def _bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
+# The conversion settings of these benchmarks: the least work per video, so a fixed cost weighs the most.
+TINY_SETTINGS = ("--size", "32x40", "--clip-len", "8", "--max-clips", "1", "--no-progress")
+
+
+def run_convert(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """``python -m convert ARGV`` as a user runs it, in a child process: (wall s, CPU s, peak RSS MB).
+
+    Its CPU time and peak RSS include every process it started (the shard processes are its children's
+    children, reaped before it ends). A failure exits with its last lines.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "convert", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's usage, its reaped descendants' included
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if status != 0:
+        raise SystemExit(f"python -m convert {' '.join(argv[:2])} failed: {err[-500:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
 def measure(work: str, n: int, args: argparse.Namespace, bases: list[str]) -> dict:
     """Every stage for N videos."""
     from convert.format.verify import verify
-    from convert.sources import from_csv
+    from convert.worker.sources import from_csv
 
     csv, videos = build(work, n, classes=args.classes, missing=args.missing, bases=bases)
     row: dict = {"videos": n}
@@ -98,18 +121,8 @@ def measure(work: str, n: int, args: argparse.Namespace, bases: list[str]) -> di
     present = len(source.items)
     out = os.path.join(work, f"out_{n}")
     shutil.rmtree(out, ignore_errors=True)
-    # The command as a user runs it, in a child process: its CPU time and peak RSS then include every process
-    # it started (the shard processes are its children's children, reaped before it ends).
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "convert", csv, out, "--videos", videos, "--workers",
-                             str(args.workers), "--size", "32x40", "--clip-len", "8", "--max-clips", "1",
-                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's usage, its reaped descendants' included
-    row["convert_s"] = time.perf_counter() - t0
-    if status != 0:
-        raise SystemExit(f"scale: python -m convert failed at N={n}: {proc.stderr.read().decode()[-500:]}")
-    row["convert_cpu_s"] = usage.ru_utime + usage.ru_stime
-    row["convert_peak_rss_mb"] = usage.ru_maxrss / 1024
+    row["convert_s"], row["convert_cpu_s"], row["convert_peak_rss_mb"] = run_convert(
+        [csv, out, "--videos", videos, "--workers", str(args.workers), *TINY_SETTINGS])
     row["written_mb"] = _bytes(out) / 2**20
     row["cpu_ms_per_video"] = 1000 * row["convert_cpu_s"] / max(present, 1)
     for name in ("plan.json", "manifest.json", "report.jsonl"):
@@ -156,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sizes or sizes[0] < 10 or args.classes < 1 or not 0 <= args.missing < 1 or args.workers < 1:
         p.error("--sizes of at least 10 videos, --classes >= 1, --missing in [0, 1), --workers >= 1")
     os.makedirs(args.work, exist_ok=True)
-    bases = _base_videos(args.work)
+    bases = base_videos(args.work)
     rows = []
     for n in sizes:
         rows.append(measure(args.work, n, args, bases))
