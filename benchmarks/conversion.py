@@ -32,13 +32,13 @@ from collections.abc import Callable
 from joblib import Parallel, delayed
 
 from benchmarks import REPO_ROOT
-from convert import forkserver
-from convert.decode import FrameSpec, VideoDecoder, open_video
 from convert.format import get_backend, read_manifest
 from convert.format.system import cpu_count
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
-from convert.supervise import package_env
+from convert.job.run import JobOptions, run_job
+from convert.job.supervise import package_env
+from convert.worker import forkserver
+from convert.worker.decode import FrameSpec, VideoDecoder, open_video
+from convert.worker.plan import ConvertConfig
 
 REAL = ["mmaction2__demo.mp4", "mmaction2__test.avi", "mmcv__test.mp4", "moviepy__big_buck_bunny_432_433.webm"]
 TINY = "mmaction2__part_0.mp4"  # 32 frames: the start-up measurement's video
@@ -149,8 +149,8 @@ def _convert(tree: str, out: str, workers: int, backend: str, codec: str) -> tup
 _FRESH_JOB = """
 import sys, time
 t0 = time.perf_counter()
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
+from convert.job.run import JobOptions, run_job
+from convert.worker.plan import ConvertConfig
 t1 = time.perf_counter()
 run_job(sys.argv[1], sys.argv[2], ConvertConfig(), JobOptions(workers=int(sys.argv[3]), progress=False))
 print(t1 - t0, time.perf_counter() - t1)

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from convert.decode import FrameSpec, VideoDecoder, VideoError
 from convert.format import FormatError
-from convert.sources import load_source
+from convert.worker.decode import FrameSpec, VideoDecoder, VideoError
+from convert.worker.sources import load_source
 from loaders.keyed import KeyedDraws
 from loaders.presets import ClipPreset
 

@@ -26,9 +26,9 @@ SHARD_WINDOW = 2  # shards resident at a time in the shard-windowed order
 
 
 def _build(root: str, videos: int, shards: int) -> str:
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
     from convert.synth import CLASSES, make_dataset
+    from convert.worker.plan import ConvertConfig
 
     src = os.path.join(root, "videos")
     make_dataset(src, per_class=max(1, videos // len(CLASSES)), seconds=2.0, seed=3, workers=2)

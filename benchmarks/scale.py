@@ -7,7 +7,7 @@ classes, and a Kinetics CSV naming all N of which a share (``--missing``)
 has no file, as every real copy of Kinetics lacks some. For each N of
 ``--sizes`` (in one run, so the figures compare):
 
-* plan: reading the CSV and indexing the video folder (``convert.sources``);
+* plan: reading the CSV and indexing the video folder (``convert.worker.sources``);
 * convert: ``python -m convert`` in a child process: wall and CPU time (of
   every process it started, also per video present), the largest peak RSS
   among them and bytes written; the job's overhead per video is its CPU per
@@ -137,7 +137,7 @@ def _child(script: str, *args: str) -> dict:
     return found
 
 
-def _base_videos(work: str) -> list[str]:
+def base_videos(work: str) -> list[str]:
     """A few short real H.264 videos (synthetic footage), written once."""
     from convert.synth import make_dataset
 
@@ -188,7 +188,7 @@ TINY = (1, 32, 32)  # a synthesised clip (frames, height, width): 650k of them f
 def decode_ms_per_video(bases: list[str], rounds: int = 5) -> float:
     """CPU milliseconds of decoding one base video as the converter does here (its first clip's frames, at
     ``SIZE``), alone in this process: what the job's CPU per video is compared with."""
-    from convert.decode import FrameSpec, VideoDecoder
+    from convert.worker.decode import FrameSpec, VideoDecoder
 
     t0 = time.process_time()
     for _ in range(rounds):
@@ -200,17 +200,40 @@ def decode_ms_per_video(bases: list[str], rounds: int = 5) -> float:
     return 1000 * (time.process_time() - t0) / (rounds * len(bases))
 
 
+# The conversion settings of these benchmarks: the least work per video, so a fixed cost weighs the most.
+TINY_SETTINGS = ("--size", "32x40", "--clip-len", "8", "--max-clips", "1", "--no-progress")
+
+
+def run_convert(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """``python -m convert ARGV`` as a user runs it, in a child process: (wall s, CPU s, peak RSS MB).
+
+    Its CPU time and peak RSS include every process it started (the shard processes are its children's
+    children, reaped before it ends). A failure exits with its last lines.
+    """
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "convert", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's usage, its reaped descendants' included
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if status != 0:
+        raise SystemExit(f"python -m convert {' '.join(argv[:2])} failed: {err[-500:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
 def synthesise(csv: str, videos: str, out: str, *, shards: int) -> None:
     """The conversion of the CSV as ``python -m convert`` plans, writes and finishes it (the project's plan, shard
     writers and ``finalize``), with one constant tiny clip per video instead of decoded ones."""
     import numpy as np
 
-    from convert.finalize import finalize
     from convert.format import PLAN, SHARD_DIR, VideoRecord
     from convert.format.layout import write_json_atomic
-    from convert.plan import ConvertConfig, admit, make_plan
-    from convert.shard_worker import open_writer
-    from convert.sources import from_csv
+    from convert.job.finalize import finalize
+    from convert.worker.plan import ConvertConfig, admit, make_plan
+    from convert.worker.shard_worker import open_writer
+    from convert.worker.sources import from_csv
 
     config = ConvertConfig(size=TINY[1:], clip_len=TINY[0], max_clips=1)
     source = admit(from_csv(csv, videos), config.backend)
@@ -244,9 +267,9 @@ def _usage_of(fn) -> tuple[float, float]:
 
 def measure(work: str, n: int, args: argparse.Namespace, bases: list[str], decode_ms: float) -> dict:
     """Every stage for N videos."""
-    from convert.plan import default_shards
-    from convert.sources import from_csv
     from convert.store.verify import verify
+    from convert.worker.plan import default_shards
+    from convert.worker.sources import from_csv
 
     csv, videos = build(work, n, classes=args.classes, missing=args.missing, bases=bases)
     row: dict = {"videos": n}
@@ -264,19 +287,8 @@ def measure(work: str, n: int, args: argparse.Namespace, bases: list[str], decod
         row["convert_peak_rss_mb"] = 0.0  # this process's, not the job's: not comparable
         row["overhead_ms_per_video"] = 1000 * row["convert_cpu_s"] / max(present, 1)
     else:
-        # The command as a user runs it, in a child process: its CPU time and peak RSS then include every process
-        # it started (the shard processes are its children's children, reaped before it ends).
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "convert", csv, out, "--videos", videos, "--workers",
-                                 str(args.workers), "--size", "x".join(map(str, SIZE)), "--clip-len", str(CLIP_LEN),
-                                 "--max-clips", "1", "--no-progress"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's usage, its reaped descendants' included
-        row["convert_s"] = time.perf_counter() - t0
-        if status != 0:
-            raise SystemExit(f"scale: python -m convert failed at N={n}: {proc.stderr.read().decode()[-500:]}")
-        row["convert_cpu_s"] = usage.ru_utime + usage.ru_stime
-        row["convert_peak_rss_mb"] = usage.ru_maxrss / 1024
+        row["convert_s"], row["convert_cpu_s"], row["convert_peak_rss_mb"] = run_convert(
+            [csv, out, "--videos", videos, "--workers", str(args.workers), *TINY_SETTINGS])
         row["overhead_ms_per_video"] = max(0.0, 1000 * row["convert_cpu_s"] / max(present, 1) - decode_ms)
     row["written_mb"] = _bytes(out) / 2**20
     row["cpu_ms_per_video"] = 1000 * row["convert_cpu_s"] / max(present, 1)
@@ -385,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sizes of at least 10 videos, --classes >= 1, --missing in [0, 1), --workers, --cores and "
                 "--nodes >= 1")
     os.makedirs(args.work, exist_ok=True)
-    bases = _base_videos(args.work)
+    bases = base_videos(args.work)
     decode_ms = decode_ms_per_video(bases)
     rows = []
     for n in sizes:

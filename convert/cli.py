@@ -20,17 +20,17 @@ from collections.abc import Callable
 from typing import Any
 
 from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes, parse_short_side, parse_size, whole
-from .childproc import Stopped
-from .clips import SHORT_POLICIES
 from .format import BACKENDS, WRITE_CODECS, StoreError
 from .format.layout import MAX_CLIP_INDEX
+from .job.childproc import Stopped
+from .job.progress import line_interval
+from .job.summary import print_summary
+from .job.supervise import ShardFailed, ShardOptions
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
-from .plan import DAMAGE_POLICIES, ConvertConfig, PlanError
-from .progress import line_interval
-from .sources import SourceError, split_problem
 from .store.remote import Remote, RemoteError, check_url, is_url
-from .summary import print_summary
-from .supervise import ShardFailed, ShardOptions
+from .worker.clips import SHORT_POLICIES
+from .worker.plan import DAMAGE_POLICIES, ConvertConfig, PlanError
+from .worker.sources import SourceError, split_problem
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 
@@ -215,7 +215,8 @@ STOP_WAIT = 5.0  # seconds the stop waits for the killed children to be reaped, 
 
 
 def _stop_children() -> None:
-    from . import childproc, forkserver
+    from .job import childproc
+    from .worker import forkserver
 
     childproc.stop_all(STOP_WAIT)
     forkserver.shutdown(STOP_WAIT)
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 def _convert(args: argparse.Namespace) -> int:
     try:
         config, opts = config_from_args(args)
-        from .job import run_job
+        from .job.run import run_job
 
         say = lambda note: print(f"convert: {note}", file=sys.stderr)  # noqa: E731 - passed twice below
         target = args.out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .supervise import ShardOptions
+from .job.supervise import ShardOptions
 
 # The ranges of the running options (checked as the command line is parsed): wide enough for any real
 # job, and each bound what the code can honour (a poll timeout holds its milliseconds in a C int; more

@@ -19,7 +19,7 @@ import av
 import numpy as np
 
 if TYPE_CHECKING:
-    from .plan import ConvertConfig
+    from .worker.plan import ConvertConfig
 
 CLASSES = ("move_down", "move_left", "move_right", "move_up", "spin")
 SIZES = ((240, 320), (256, 340), (180, 320), (288, 352))
@@ -125,7 +125,7 @@ def synthetic_conversions(root: str, configs: Mapping[str, ConvertConfig], *, pe
     is called after each conversion this call runs (``run_job``'s result).
     """
     from .format.system import cpu_count
-    from .job import JobOptions, run_job
+    from .job.run import JobOptions, run_job
 
     src = os.path.join(root, videos)
     make_dataset(src, per_class=per_class, seconds=seconds, seed=seed, workers=workers or cpu_count())

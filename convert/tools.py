@@ -14,15 +14,15 @@ import numpy as np
 
 from .argtypes import OneLineParser, byte_count, number, whole
 from .format import WRITE_CODECS, FormatError, Manifest, read_manifest
+from .job.summary import describe_shape, print_summary
 from .options import MAX_WORKERS
-from .sources import SourceError, csv_rows, csv_video_id, printable
 from .store import manifest_at, open_clips
 from .store.cache import CacheSettings
 from .store.cache.verify import verify_url
 from .store.remote import is_url
 from .store.store import ClipStore
 from .store.verify import verify
-from .summary import describe_shape, print_summary
+from .worker.sources import SourceError, csv_rows, csv_video_id, printable
 
 
 def inspect_summary(out: str, *, cache: CacheSettings | None = None, listed: dict[str, str] | None = None) -> dict:
@@ -150,8 +150,8 @@ def contact_sheet(out: str, path: str, *, rows: int = 8, frames: int = 4, seed: 
 
 def demo(out: str, *, per_class: int, seconds: float, workers: int, codec: str) -> int:
     """Synthesise the embedded dataset, convert it, and say what was written."""
-    from .plan import ConvertConfig
     from .synth import synthetic_conversions
+    from .worker.plan import ConvertConfig
 
     results = {}
     for split, count, seed in (("train", per_class, 0), ("val", max(2, per_class // 4), 1)):

@@ -49,8 +49,8 @@ NATIVE_CODECS = ("raw", "lz4", "jpeg")
 def _synth_roots(base: str, codecs: Sequence[str], *, backend: str = "lmdb", per_class: int = 2,
                  seconds: float = 1.2, **config) -> list[str]:
     """A small synthetic dataset converted once per codec under ``base`` (the videos are made once)."""
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
 
     out = synthetic_conversions(base, {f"{backend}-{codec}": ConvertConfig(backend=backend, codec=codec, **config)
                                        for codec in codecs},

@@ -38,8 +38,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from convert.format.system import cpu_count  # noqa: E402
-from convert.plan import ConvertConfig  # noqa: E402
 from convert.synth import synthetic_conversions  # noqa: E402
+from convert.worker.plan import ConvertConfig  # noqa: E402
 from loaders.dali import missing as dali_missing  # noqa: E402
 from train import TrainError  # noqa: E402
 from train.gpustats import PEAKS  # noqa: E402

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.root:
             roots = [args.root]
         else:
-            from convert.plan import ConvertConfig
             from convert.synth import synthetic_conversions
+            from convert.worker.plan import ConvertConfig
 
             codecs = ("raw", "lz4", "jpeg")
             made = synthetic_conversions(tmp, {c: ConvertConfig(codec=c) for c in codecs}, per_class=4, seconds=2.0)

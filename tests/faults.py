@@ -12,7 +12,7 @@ starts, and a test chooses the fault with ``CONVERT_TEST_FAULT``:
   file that really crashes FFmpeg;
 - ``"crash_storing:ID"``: a SIGSEGV once the writer holds the video's first
   clip (storing it, not decoding);
-- ``"hang_probe:ID"``: the space check's probe process (``convert.probe``,
+- ``"hang_probe:ID"``: the space check's probe process (``convert.worker.probe``,
   which installs the same hook) sleeps on the video ``ID``, as on a file
   whose open never returns;
 - ``"eio:NAME:COUNT:MARKER_FILE"``: the first ``COUNT`` writes (over every
@@ -30,8 +30,8 @@ import os
 import signal
 import time
 
-from convert import shard_worker
 from convert.format import StoreFullError
+from convert.worker import shard_worker
 
 FAULT_ENV = "CONVERT_TEST_FAULT"
 
@@ -134,7 +134,7 @@ def install() -> None:
         return
     target, _, marker = rest.partition(":")
     if kind == "hang_probe":
-        from convert import probe
+        from convert.worker import probe
 
         real_probe = probe.probe_video
 

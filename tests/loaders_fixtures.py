@@ -18,8 +18,8 @@ _BUILT: dict[tuple, str] = {}
 
 def converted(src: str, base: str, name: str, **config) -> str:
     """Convert ``src`` with ``config`` into ``base/name`` once; the path of the finished conversion."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     key = (src, base, name)
     if key not in _BUILT:

@@ -105,6 +105,51 @@ def test_the_import_graph_counts_lazy_and_type_only_imports(tmp_path):
     assert "convert.store.cache.cache" not in _imports("convert.store.source", str(path), run_time_only=True)
 
 
+# The converting side's layers, lowest first (convert/README.md): a module imports its own layer and those
+# below it, never one above, so each layer can be read (and run) without those above it.
+CONVERT_LAYERS = ("convert.format", "convert.store", "convert.worker", "convert.job", "convert")
+# A module kept at the top level that belongs to a lower layer: the job's options, beside the command line
+# that declares flags from them.
+LAYER_OF = {"convert.options": "convert.job"}
+MAX_CONVERT_TOP_LEVEL = 12
+
+
+def _convert_layer(module: str) -> int:
+    """The rank of ``module``'s layer in ``CONVERT_LAYERS`` (its longest matching prefix)."""
+    module = LAYER_OF.get(module, module)
+    return max(i for i, layer in enumerate(CONVERT_LAYERS) if module == layer or module.startswith(layer + "."))
+
+
+def test_each_layer_of_convert_imports_only_layers_below_it():
+    upward = sorted(f"{name} ({CONVERT_LAYERS[_convert_layer(name)]}) imports {dep} "
+                    f"({CONVERT_LAYERS[_convert_layer(dep)]})"
+                    for name, deps in _graph().items() if name.split(".")[0] == "convert"
+                    for dep in deps if dep.split(".")[0] == "convert" and _convert_layer(dep) > _convert_layer(name))
+    assert upward == []
+
+
+def test_the_layer_table_names_real_packages_and_convert_keeps_a_short_top_level():
+    modules = _modules()
+    assert [layer for layer in CONVERT_LAYERS if layer not in modules] == []
+    assert [name for name in LAYER_OF if name not in modules] == []
+    top = sorted(name for name in os.listdir(os.path.join(ROOT, "convert")) if name.endswith(".py"))
+    assert len(top) <= MAX_CONVERT_TOP_LEVEL, top
+
+
+def test_child_processes_run_this_checkout_from_any_folder(tmp_path):
+    """A shard process or the fork server is ``python -m convert.worker...`` with ``package_env()``: its path
+    must hold the folder above the ``convert`` package, wherever the job runs."""
+    from convert.job.supervise import package_env
+
+    # -S: no site-packages, so an installed copy of the project cannot stand in for the path's (and none of
+    # the packages importing ``convert`` needs: its file is found, not run).
+    code = "import importlib.util; print(importlib.util.find_spec('convert').origin)"
+    got = subprocess.run([sys.executable, "-S", "-c", code],
+                         cwd=tmp_path, env=package_env(), capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == os.path.join(ROOT, "convert", "__init__.py")
+
+
 def test_no_import_cycles_between_modules():
     graph = _graph()
     state: dict[str, int] = {}
@@ -190,8 +235,8 @@ def test_nothing_is_registered_at_import():
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_reading_a_clip_imports_neither_pyav_nor_torch(backend, synth_videos, tmp_path):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / backend)
     run_job(synth_videos, out, ConvertConfig(backend=backend, codec="lz4"), JobOptions(workers=1, shards=1,

@@ -50,3 +50,16 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
     assert "growth from N=12 to N=24" in out and "| videos |" in out
     assert "Kinetics-400 (240,000 videos): conversion" in out and "Kinetics-700 (650,000 videos)" in out
     assert not os.path.exists(tmp_path / "w" / "out_12")  # each size's conversion removed unless --keep
+
+
+def test_the_forkserver_benchmark_pairs_both_ways_on_the_same_conversion(tmp_path, capsys):
+    from benchmarks.forkserver import main as forkserver_main
+
+    # It exits with a message where the two ways wrote different conversions (content fingerprints).
+    assert forkserver_main(["--videos", "4", "--rounds", "2", "--work", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    runs = re.findall(r"^\| (\d) \| (fork server|plain) \|", out, re.M)
+    assert runs == [("1", "fork server"), ("1", "plain"), ("2", "plain"), ("2", "fork server")]
+    for what in ("wall", "CPU"):
+        assert re.search(rf"^{what}: fork server / plain [\d.]+; saving [-+][\d.]+ s a job", out, re.M), out
+    assert not os.path.exists(tmp_path / "w" / "out")

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from convert.sources import SourceError, from_folders, from_list, printable
+from convert.worker.sources import SourceError, from_folders, from_list, printable
 
 from .convert_helpers import run_cli
 

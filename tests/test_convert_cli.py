@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from convert.summary import first_problems, print_summary
+from convert.job.summary import first_problems, print_summary
 
 from .convert_helpers import run_cli
 
@@ -254,7 +254,7 @@ def test_split_with_a_source_that_is_no_csv_is_a_one_line_usage_error(tmp_path, 
 
 
 def test_load_source_refuses_a_split_for_a_folder_of_class_folders(tmp_path):
-    from convert.sources import SourceError, load_source
+    from convert.worker.sources import SourceError, load_source
 
     (tmp_path / "a").mkdir()
     with pytest.raises(SourceError, match=r"argument --split: only a Kinetics CSV source has a split column; SRC .* "
@@ -267,7 +267,7 @@ def test_a_plan_that_recorded_a_split_for_a_folder_source_reruns_without_it(tmp_
     is refused), is the same source, not another split."""
     from types import SimpleNamespace
 
-    from convert.plan import ConvertConfig, PlanError, check_same
+    from convert.worker.plan import ConvertConfig, PlanError, check_same
 
     config = ConvertConfig()
     info = {"path": str(tmp_path / "src"), "videos": None, "split": None}
@@ -306,7 +306,7 @@ def test_a_job_not_on_a_terminal_prints_progress_lines_and_no_progress_turns_the
 
 
 def test_progress_line_says_videos_of_total_clips_rate_and_time_left():
-    from convert.progress import progress_line
+    from convert.job.progress import progress_line
 
     # 20 of 200 done, 10 of them by this run in 30 s: 180 left at 3 s each.
     state = {"done": 20, "new": 10, "clips": 45}
@@ -319,8 +319,8 @@ def test_the_progress_thread_prints_a_line_each_interval_and_forgets_an_earlier_
     import io
     import time
 
-    from convert import progress
     from convert.format import PROGRESS_DIR
+    from convert.job import progress
 
     folder = tmp_path / PROGRESS_DIR
     folder.mkdir()

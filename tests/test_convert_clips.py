@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from convert.clips import ClipCutter, ClipSpec, cut_clips
+from convert.worker.clips import ClipCutter, ClipSpec, cut_clips
 
 
 def _frames(n: int) -> list[np.ndarray]:

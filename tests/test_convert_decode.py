@@ -10,11 +10,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from convert.decode import FrameSpec, VideoDecoder, VideoError, decode_all
-from convert.plan import ConvertConfig
-from convert.shard_worker import clip_producer
-from convert.sources import VideoItem
 from convert.synth import render, write_mp4
+from convert.worker.decode import FrameSpec, VideoDecoder, VideoError, decode_all
+from convert.worker.plan import ConvertConfig
+from convert.worker.shard_worker import clip_producer
+from convert.worker.sources import VideoItem
 
 from . import videos as stand_ins
 

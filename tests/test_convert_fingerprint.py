@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from convert.format import read_manifest
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
+from convert.job.run import JobOptions, run_job
 from convert.store.verify import verify
 from convert.tools import main as tools_main
+from convert.worker.plan import ConvertConfig
 
 from .train_fixtures import tiny_data  # noqa: F401
 from .videos import VideoSet

@@ -1,4 +1,4 @@
-"""Shard processes forked by the fork server behave as ``python -m convert.shard_worker`` does."""
+"""Shard processes forked by the fork server behave as ``python -m convert.worker.shard_worker`` does."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from convert import forkserver
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
-from convert.supervise import ShardOptions, _Child, last_error
+from convert.job.run import JobOptions, run_job
+from convert.job.supervise import ShardOptions, _Child, last_error
+from convert.worker import forkserver
+from convert.worker.plan import ConvertConfig
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork server on this platform")
 

@@ -29,8 +29,8 @@ import sys
 import pytest
 
 from convert.format import get_backend
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
+from convert.job.run import JobOptions, run_job
+from convert.worker.plan import ConvertConfig
 
 from . import videos as stand_ins
 from .test_convert_job import layout_tree  # noqa: F401 - the fixture of symlinked shared videos

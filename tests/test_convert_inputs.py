@@ -18,11 +18,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from convert.job import JobOptions, prepare
-from convert.plan import ConvertConfig
-from convert.sources import VideoItem
-from convert.space import Prober
+from convert.job.run import JobOptions, prepare
+from convert.job.space import Prober
 from convert.synth import render, write_mp4
+from convert.worker.plan import ConvertConfig
+from convert.worker.sources import VideoItem
 from loaders import open_clips
 
 from .convert_helpers import popen_cli

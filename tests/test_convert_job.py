@@ -9,13 +9,13 @@ import os
 import numpy as np
 import pytest
 
-from convert.clips import ClipSpec, cut_clips
-from convert.decode import FrameSpec, decode_all
 from convert.format.lmdb import LmdbOptions
-from convert.job import JobOptions, run_job
-from convert.plan import ConvertConfig
+from convert.job.run import JobOptions, run_job
+from convert.job.supervise import ShardOptions
 from convert.store.verify import verify
-from convert.supervise import ShardOptions
+from convert.worker.clips import ClipSpec, cut_clips
+from convert.worker.decode import FrameSpec, decode_all
+from convert.worker.plan import ConvertConfig
 from loaders import open_clips
 
 from .convert_helpers import run_cli

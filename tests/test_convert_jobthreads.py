@@ -5,10 +5,10 @@ from __future__ import annotations
 
 def test_shards_run_largest_first_when_workers_take_several(tmp_path, monkeypatch):
     """Weighed by their videos' file sizes (hand-made files of known sizes), heaviest shard first."""
-    import convert.schedule as schedule
-    from convert.job import JobOptions
-    from convert.plan import ConvertConfig, Plan
-    from convert.sources import VideoItem
+    import convert.job.schedule as schedule
+    from convert.job.run import JobOptions
+    from convert.worker.plan import ConvertConfig, Plan
+    from convert.worker.sources import VideoItem
 
     def video(name: str, size: int) -> VideoItem:
         path = tmp_path / name

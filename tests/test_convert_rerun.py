@@ -100,8 +100,8 @@ def test_finished_out_with_a_deleted_shard_redoes_only_that_shard(tiny_tree, tmp
 
 def test_repairing_a_tfrecord_out_keeps_the_kept_shards_file_lists(tiny_tree, tmp_path):
     # The manifest's "files" of a kept shard is what DALI's native reader opens; a repair once dropped it.
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     out, config = str(tmp_path / "out"), ConvertConfig(backend="tfrecord")
     run_job(tiny_tree, out, config, JobOptions(workers=2, shards=2, progress=False))
@@ -187,7 +187,7 @@ def test_an_unfinished_shard_that_cannot_be_opened_is_moved_aside_and_converted_
 
 
 def test_last_error_takes_the_final_exception_of_the_last_traceback():
-    from convert.supervise import describe_exit, last_error
+    from convert.job.supervise import describe_exit, last_error
 
     log = ("2024 shard 1 growing LMDB map\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
            "ValueError: old run\nTraceback (most recent call last):\n  File \"w.py\", line 9, in main\n"
@@ -276,9 +276,9 @@ def test_retry_failed_in_an_unfinished_out_and_a_kill_during_the_retry_records_n
 
 def test_a_repair_with_retry_failed_reads_each_shards_records_once(tiny_tree, tmp_path, monkeypatch):
     """Missing shards, --retry-failed and the space estimate all ask for the records: one read per shard."""
-    from convert import rerun
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job import rerun
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / "out")
     opts = JobOptions(workers=2, shards=3, progress=False)

@@ -158,7 +158,7 @@ def test_no_signal_goes_to_a_forked_process_whose_status_has_come_back(monkeypat
     """The job's stop kills every child from the signal handler while their supervisors reap them: a kill
     that loses that race must send nothing, since the pid, and the number of its closed pidfd, may name
     another process by then (it read the pidfd unlocked, and could also get None and raise TypeError)."""
-    from convert import forkserver
+    from convert.worker import forkserver
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     status_r, status_w = os.pipe()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from convert.sources import SourceError, from_csv, from_folders
+from convert.worker.sources import SourceError, from_csv, from_folders
 
 from .conftest import ROOT
 from .convert_helpers import run_cli
@@ -19,7 +19,7 @@ from .convert_helpers import run_cli
 def _planned(root: str) -> tuple[list[tuple[str, int]], list[tuple[str, str, str]]]:
     """``from_folders(root)`` in a child process that must finish in 60 s: (id, label) of each item, and
     (id, status, reason) of each problem. A walk that follows a loop exponentially fails here, not hangs."""
-    code = ("import json, sys\nfrom convert.sources import from_folders\ns = from_folders(sys.argv[1])\n"
+    code = ("import json, sys\nfrom convert.worker.sources import from_folders\ns = from_folders(sys.argv[1])\n"
             "print(json.dumps([[(i.id, i.label) for i in s.items], [(p.id, p.status, p.reason) for p in s.problems]]))")
     r = subprocess.run([sys.executable, "-c", code, root], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

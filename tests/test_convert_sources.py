@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from convert.sources import SourceError, from_csv, from_folders, from_list, load_source
+from convert.worker.sources import SourceError, from_csv, from_folders, from_list, load_source
 
 CSV_HEADER = "label,youtube_id,time_start,time_end,split\n"
 
@@ -167,8 +167,8 @@ def test_csv_rows_with_too_many_or_too_few_fields_are_rejected_with_their_line(t
 
 
 def test_csv_job_reports_a_row_with_too_many_fields_as_rejected(stand_in_videos, tmp_path):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     root = tmp_path / "v"
     root.mkdir()
@@ -186,8 +186,8 @@ def test_csv_job_reports_a_row_with_too_many_fields_as_rejected(stand_in_videos,
 
 
 def test_csv_job_with_an_inf_row_reports_it_and_converts_the_rest(touch_video, tmp_path):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     root = tmp_path / "v"
     touch_video(str(root / "ok_000001_000011.mp4"))
@@ -222,8 +222,8 @@ def test_csv_splits_share_one_class_list_when_a_split_lacks_a_class(touch_video,
     assert [(it.id, it.label) for it in val.items] == [("v1_000000_000010", 3)]
     assert [(it.id, it.label) for it in train.items] == [("t1_000000_000010", 2), ("t2_000000_000010", 1),
                                                          ("t3_000000_000010", 3)]
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     manifests = [run_job(str(csv), str(tmp_path / split), ConvertConfig(short="loop"),
                          JobOptions(workers=1, progress=False), videos=str(root), split=split)

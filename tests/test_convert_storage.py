@@ -88,7 +88,7 @@ def test_a_really_full_filesystem_then_remounted_larger(tiny_tree, tmp_path):
 
 def _meta(index: int = 0, count: int = 1) -> dict:
     from convert.format import shard_meta
-    from convert.plan import ConvertConfig
+    from convert.worker.plan import ConvertConfig
 
     return shard_meta(ConvertConfig(size=(8, 8), clip_len=2).data_spec(["x"]), index=index, count=count)
 
@@ -151,7 +151,7 @@ def test_tfrecord_writer_full_device_rewinds_the_video(tmp_path, monkeypatch):
 
 
 def test_sigbus_is_the_machines_fault_only_when_the_disk_is_full(tmp_path, monkeypatch):
-    from convert import supervise
+    from convert.job import supervise
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(supervise.shutil, "disk_usage", lambda p: usage._replace(free=10 << 20))
@@ -162,10 +162,10 @@ def test_sigbus_is_the_machines_fault_only_when_the_disk_is_full(tmp_path, monke
 
 
 def test_the_start_warns_when_the_device_looks_too_small(tiny_tree, tmp_path, monkeypatch):
-    from convert import space
-    from convert.job import JobOptions, prepare
-    from convert.plan import ConvertConfig
-    from convert.rerun import HeldRecords
+    from convert.job import space
+    from convert.job.rerun import HeldRecords
+    from convert.job.run import JobOptions, prepare
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / "out")
     plan = prepare(tiny_tree, out, ConvertConfig(), JobOptions(workers=1, shards=1, progress=False))
@@ -244,9 +244,10 @@ def test_the_space_check_runs_beside_the_shards_and_still_warns(tiny_tree, tmp_p
     """The probe must not hold back the shards: here it waits until they have started, then warns."""
     import threading
 
-    from convert import job, space
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job import run as job
+    from convert.job import space
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     shards_started = threading.Event()
     real_run_shards, real_estimate = job.run_shards, space.estimate
@@ -602,7 +603,8 @@ def test_an_io_error_of_the_job_process_names_its_file_and_exits_1(tiny_syntheti
     status 1 (before: "convert: error: [Errno 5] Input/output error", status 2)."""
     import builtins
 
-    from convert import cli, finalize
+    from convert import cli
+    from convert.job import finalize
 
     def failing_open(file, mode="r", *args, **kwargs):
         if str(file).endswith("report.jsonl.tmp"):

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from convert.outdir import check_out, hold_out
-from convert.plan import ConvertConfig, PlanError
+from convert.job.outdir import check_out, hold_out
 from convert.store.upload import shard_note
+from convert.worker.plan import ConvertConfig, PlanError
 
 from .convert_helpers import run_cli
 

@@ -10,6 +10,9 @@ from .conftest import ROOT
 README = os.path.join(ROOT, "README.md")
 PAGES = [README, os.path.join(ROOT, "FORMAT.md")] + sorted(
     os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
+# The packages whose README maps their files (convert's layers); their links are checked with the pages.
+MAPPED = ("convert", "convert/worker", "convert/job")
+PAGES += [os.path.join(ROOT, folder, "README.md") for folder in MAPPED]
 
 
 def _commands(path: str) -> list[str]:
@@ -54,3 +57,12 @@ def test_every_relative_link_of_the_docs_resolves():
             elif anchor and full.endswith(".md") and anchor not in _anchors(full):
                 broken.append(f"{os.path.relpath(page, ROOT)}: {target} (no such heading)")
     assert broken == []
+
+
+def test_each_mapped_package_readme_names_every_file_of_its_folder():
+    missing = []
+    for folder in MAPPED:
+        text = open(os.path.join(ROOT, folder, "README.md")).read()
+        files = sorted(n for n in os.listdir(os.path.join(ROOT, folder)) if n.endswith(".py") and n != "__init__.py")
+        missing += [f"{folder}/{name}" for name in files if f"`{name}`" not in text]
+    assert missing == []

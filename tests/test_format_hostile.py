@@ -276,8 +276,8 @@ def _damage(path: str, offset: int, span: int = 8) -> None:
 @pytest.fixture(scope="module")
 def one_shard(synth_videos, tmp_path_factory):  # noqa: F811
     """A small raw conversion in one shard (its LMDB pages are what the damage tests hit)."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path_factory.mktemp("one") / "raw1")
     run_job(synth_videos, out, ConvertConfig(size=(32, 40)), JobOptions(workers=1, shards=1, progress=False))
@@ -333,8 +333,8 @@ def test_a_video_id_too_long_for_lmdb_keys_is_rejected_at_planning(synth_videos,
     """Nested folders make an id of more bytes than LMDB's keys take: the video is rejected with its reason
     before any work (it used to fail every rerun as a machine error); TFRecord, which has no such keys, keeps it."""
     from convert.format.lmdb.writer import MAX_KEY_BYTES
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     env = lmdb.open(str(tmp_path / "probe"), map_size=1 << 20)
     assert env.max_key_size() == MAX_KEY_BYTES

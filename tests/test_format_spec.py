@@ -169,8 +169,8 @@ def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray
 @pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("codec", list(WRITE_CODECS))
 def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
     from loaders import open_clips
 
     out = str(tmp_path / codec)
@@ -191,10 +191,10 @@ def test_spec_reader_matches_open_clips(synth_videos, tmp_path, codec, backend):
 def test_a_version_2_conversion_is_still_read_and_verified(synth_videos, tmp_path, backend):
     """A version 2 manifest (no ``shard_files``) reads as its version 3 twin: the same clips, verify passes, and a
     URL's cache takes the shard's files from its folder's listing (what its backend declares)."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
     from convert.store import CacheSettings, open_clips
     from convert.store.verify import verify
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / "v2")
     run_job(synth_videos, out, ConvertConfig(codec="lz4", backend=backend, max_clips=1),

@@ -81,10 +81,10 @@ def test_lmdb_and_tfrecord_hold_identical_clips_and_checksums(tf_roots, synth_vi
 
 
 def test_parts_roll_over_at_the_target_size(synth_videos, tf_roots, tmp_path):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.job.supervise import ShardOptions
     from convert.store.verify import verify
-    from convert.supervise import ShardOptions
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / "small_parts")
     run_job(synth_videos, out, ConvertConfig(codec="lz4", backend="tfrecord"),
@@ -226,10 +226,10 @@ def test_retry_failed_and_a_deleted_shard_on_tfrecord_give_the_clean_checksums(t
 
 def test_parts_past_99999_are_read_in_number_order(synth_videos, tmp_path):
     """Part numbers grow past five digits; `part-100000` must come after `part-99999`, not before it."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.job.supervise import ShardOptions
     from convert.store.verify import verify
-    from convert.supervise import ShardOptions
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path / "renumbered")
     run_job(synth_videos, out, ConvertConfig(codec="raw", backend="tfrecord"),

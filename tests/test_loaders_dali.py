@@ -35,8 +35,8 @@ SCALES = (1.0, 0.875, 0.75, 0.66)
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> dict[str, str]:
     """10 synthetic videos (18 clips of 16x128x171) converted as raw, lz4 and jpeg, plus lz4 by short side."""
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
 
     configs = {"raw": ConvertConfig(codec="raw"), "lz4": ConvertConfig(codec="lz4"),
                "jpeg": ConvertConfig(codec="jpeg"),

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from benchmarks.onthefly import OnTheFlyVideoDataset
-from convert.decode import FrameSpec, decode_all
 from convert.format import FormatError
+from convert.worker.decode import FrameSpec, decode_all
 from loaders import ClipPreset
 from loaders.presets import apply
 

@@ -48,9 +48,9 @@ def test_lmdb_storage_order_is_the_order_of_the_values_in_each_shard(raw_root): 
 def test_a_compacted_lmdb_shard_records_its_new_order(synth_videos, tmp_path):
     """Compaction rewrites a shard in key order: the order it records is the one its values then have."""
     from convert.format.lmdb import LmdbOptions
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
-    from convert.supervise import ShardOptions
+    from convert.job.run import JobOptions, run_job
+    from convert.job.supervise import ShardOptions
+    from convert.worker.plan import ConvertConfig
 
     root = str(tmp_path / "compact")
     run_job(synth_videos, root, ConvertConfig(), JobOptions(workers=2, shards=2, progress=False,

@@ -179,8 +179,8 @@ def test_the_docs_training_example_runs_where_there_is_no_gpu(raw_root, page):  
 
 def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):  # noqa: F811
     """Fresh shard paths, so the threads race to open each LMDB environment and map each TFRecord part."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     threads = 12
     for backend in BACKENDS:

@@ -26,8 +26,8 @@ SHARDS = 8
 @pytest.fixture(scope="module")
 def eight_shards(tiny_data, tmp_path_factory) -> str:
     """The 20 videos of ``tiny_data`` as eight TFRecord shards of five clips."""
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     out = str(tmp_path_factory.mktemp("windowed") / "tfrecord")
     run_job(os.path.join(os.path.dirname(tiny_data), "videos", "train"), out,

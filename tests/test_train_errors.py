@@ -180,8 +180,8 @@ def test_data_a_folder_of_videos_suggests_converting_into_another_folder(tmp_pat
 
 
 def test_validation_classes_that_differ_point_to_convert_classes(tiny_data, tmp_path, capsys):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     # The same videos converted with the classes in another order (what two splits converted without
     # --classes could give): a real conversion, not an edited manifest (which its shards would refuse).

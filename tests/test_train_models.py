@@ -699,8 +699,8 @@ def test_the_i3d_workload_end_to_end_at_reduced_size(tiny_data, tmp_path, capsys
     (JPEG), then I3D-R50 inflated from 2-D ResNet-50 weights, bf16 autocast, gradient accumulation, the lr scaled
     linearly to the global batch, and the 10x3 evaluation. Full size: --short-side 256 --clip-len 64, --crop-size
     224, 8 GPUs (docs/training.md)."""
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
     from loaders import open_clips
     from loaders.presets import KINETICS_MEAN
     from train.data import make_preset

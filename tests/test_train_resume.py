@@ -158,8 +158,8 @@ def test_resume_refuses_other_shapes_and_data_in_one_line_and_prints_what_change
 
 
 def test_resume_on_other_data_with_the_same_classes_is_refused_unless_forced(tiny_data, tmp_path, capsys):
-    from convert.job import JobOptions, run_job
-    from convert.plan import ConvertConfig
+    from convert.job.run import JobOptions, run_job
+    from convert.worker.plan import ConvertConfig
 
     # The same videos converted again with one clip per video: the same five classes, other clips.
     manifest = json.load(open(os.path.join(tiny_data, "manifest.json")))

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import pytest
 
-from convert.decode import FrameSpec, decode_all
+from convert.worker.decode import FrameSpec, decode_all
 
 from . import videos as stand_ins
 

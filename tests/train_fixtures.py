@@ -42,8 +42,8 @@ def as_torchrun_rank(rank: int, world: int, port: int) -> None:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> str:
     """40 clips (20 videos x 2) of 16 x 40 x 52, five classes."""
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
 
     if "tiny" not in _BUILT:
         base = tmp_path_factory.getbasetemp() / "train_tiny"
@@ -61,8 +61,8 @@ def tiny_data(tmp_path_factory) -> str:
 def tiny_tfrecord(tiny_data) -> str:
     """The videos of ``tiny_data`` as a TFRecord conversion of raw clips (40 clips, which DALI's native reader
     reads on its CPU backend too)."""
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
 
     if "tfrecord" not in _BUILT:
         base = os.path.dirname(tiny_data)

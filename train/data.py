@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from convert.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
 from convert.store.cache import CacheSettings
 from convert.store.remote import RemoteError, is_url
+from convert.worker.sources import VIDEO_EXTENSIONS  # the file names python -m convert takes for videos
 from loaders import (
     ClipDataset,
     ClipPreset,

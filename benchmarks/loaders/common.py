@@ -94,8 +94,8 @@ def build_data(root: str, videos: int, workers: int) -> dict[str, str]:
 
     Keys: ``videos``, the codec names (LMDB) and ``tfrecord_<codec>``.
     """
-    from convert.plan import ConvertConfig
     from convert.synth import synthetic_conversions
+    from convert.worker.plan import ConvertConfig
 
     configs = {codec if backend == "lmdb" else f"{backend}_{codec}": ConvertConfig(backend=backend, codec=codec)
                for backend in BACKENDS for codec in CODECS}

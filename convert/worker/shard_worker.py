@@ -1,4 +1,4 @@
-"""The process that decodes and writes one shard (``python -m convert.shard_worker``).
+"""The process that decodes and writes one shard (``python -m convert.worker.shard_worker``).
 
 It is started and watched by ``supervise.run_shard``: commands come as JSON
 lines on stdin, one answer per command goes back on a private copy of stdout.
@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .clips import ClipCutter
-from .decode import VideoDecoder, VideoError
-from .format import (
+from ..format import (
     DAMAGED_DIR,
     MANIFEST,
     PLAN,
@@ -36,8 +34,10 @@ from .format import (
     get_backend,
     shard_meta,
 )
-from .format.errors import storing
-from .format.system import unblock_stop_signals
+from ..format.errors import storing
+from ..format.system import unblock_stop_signals
+from .clips import ClipCutter
+from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan
 from .sources import VideoItem
 

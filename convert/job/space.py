@@ -9,11 +9,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from ..format import get_codec
+from ..worker.plan import ConvertConfig, Plan, PlanError
+from ..worker.sources import VideoItem
 from .childproc import LineProcess, Stopped
-from .format import get_codec
-from .plan import ConvertConfig, Plan, PlanError
 from .rerun import HeldRecords
-from .sources import VideoItem
 from .supervise import package_env
 
 SPACE_SAMPLE = 16  # videos probed to estimate the space a job needs
@@ -33,7 +33,7 @@ def pending_videos(plan: Plan, shards: Iterable[int], held: HeldRecords) -> list
 
 
 class Prober:
-    """Probes videos in a child process (``convert.probe``), never in this one.
+    """Probes videos in a child process (``convert.worker.probe``), never in this one.
 
     ``size(item)`` is the bytes the video's clips will take, or None when it
     cannot be opened, crashes its probe, or gives no answer within
@@ -58,7 +58,7 @@ class Prober:
                 return None
             if self._child is None:
                 with open(os.devnull, "wb") as null:
-                    self._child = LineProcess(module="convert.probe", env=package_env(), stderr=null.fileno(),
+                    self._child = LineProcess(module="convert.worker.probe", env=package_env(), stderr=null.fileno(),
                                               argv=lambda fds: [json.dumps(self.config.to_dict())])
             return self._child
 

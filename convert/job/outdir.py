@@ -10,10 +10,10 @@ import socket
 import time
 from collections.abc import Iterator
 
-from .format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
-from .format.errors import store_error, storing
-from .format.layout import read_json_file
-from .plan import ConvertConfig, PlanError, another_out
+from ..format import FORMAT_NAME, LOCK, MANIFEST, PLAN, FormatError
+from ..format.errors import store_error, storing
+from ..format.layout import read_json_file
+from ..worker.plan import ConvertConfig, PlanError, another_out
 
 
 def check_out(out: str, config: ConvertConfig, *, staging_of: str | None = None) -> None:

@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from .format import REPORT
+from ..format import REPORT
 
 
 def describe_shape(clip_shape: Sequence[int] | None, clip_len: int, short_side: int | None) -> str:

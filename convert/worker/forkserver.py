@@ -4,10 +4,10 @@ A shard process needs numpy, PyAV, lmdb and this package: a start of the
 interpreter and its imports, paid again for every shard, which was a large
 share of all the CPU time a small conversion used (docs/benchmarks.md,
 figures quoted in code comments). The fork server is one
-``python -m convert.forkserver`` per job process that imports all of that
+``python -m convert.worker.forkserver`` per job process that imports all of that
 once, then forks a child per shard (a few milliseconds); the child runs
-``convert.shard_worker.main`` (or the space check's ``convert.probe.main``) as
-``python -m convert.shard_worker`` would, with the given pipes as stdin and
+``convert.worker.shard_worker.main`` (or the space check's ``convert.worker.probe.main``) as
+``python -m convert.worker.shard_worker`` would, with the given pipes as stdin and
 stdout, the shard's log as stderr, the caller's environment and working
 directory, and SIGINT ignored (the job stops its children itself).
 
@@ -41,14 +41,14 @@ import threading
 import traceback
 from typing import IO
 
-from .format.system import stop_signals_blocked, unblock_stop_signals
+from ..format.system import stop_signals_blocked, unblock_stop_signals
 
 log = logging.getLogger(__name__)
 
 _STATUS = struct.Struct("<i")
 _MAX_MESSAGE = 1 << 20
 # The modules a child may run, as ``python -m MODULE ARGV`` would (their ``main(argv)``).
-MODULES = ("convert.shard_worker", "convert.probe")
+MODULES = ("convert.worker.shard_worker", "convert.worker.probe")
 MAX_KEEP = 4  # descriptors a child may be given beside its standard streams
 
 
@@ -156,7 +156,7 @@ class _Server:
         env = dict(env)
         env.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's BLAS pool would be a thread at fork time
         with stop_signals_blocked():
-            self.proc = subprocess.Popen([sys.executable, "-m", "convert.forkserver", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "convert.worker.forkserver", str(theirs.fileno())],
                                          pass_fds=[theirs.fileno()], env=env, cwd="/", stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL)
         theirs.close()
@@ -395,11 +395,11 @@ def _child(fds: list[int], request: dict, close: list[int]) -> None:
 
 def serve(fd: int) -> int:
     """The server's loop: fork a child per request on socket ``fd``; return when the socket closes."""
-    # The imports every child would otherwise repeat (PyAV too: convert.decode imports it on first use).
+    # The imports every child would otherwise repeat (PyAV too: convert.worker.decode imports it on first use).
     import av  # noqa: F401
 
-    import convert.probe  # noqa: F401
-    import convert.shard_worker  # noqa: F401
+    import convert.worker.probe  # noqa: F401
+    import convert.worker.shard_worker  # noqa: F401
 
     # Ctrl-C or a SIGTERM to the job's process group is for the job, which stops its children and then
     # this server; the server always ends with the job (its socket closes), and only once it has reported

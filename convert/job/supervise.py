@@ -18,15 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import forkserver
+from ..format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
+from ..format.errors import storing
+from ..worker import forkserver
+from ..worker.shard_worker import DECODING
 from .childproc import LineProcess, Stopped, use_forkserver
-from .format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
-from .format.errors import storing
-from .shard_worker import DECODING
 
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
                "MALLOC_TOP_PAD_": str(64 << 20)}
-_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the ``convert`` package (this file is convert/job/supervise.py): what a child
+# Python needs on its path to run this very copy.
+_PKG_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class _Child(LineProcess):
             return [out, str(index), json.dumps({**args, "phase_fd": fds[0] if fds else None})]
 
         try:
-            super().__init__(module="convert.shard_worker", argv=argv, env=shard_env(), stderr=log.fileno(),
+            super().__init__(module="convert.worker.shard_worker", argv=argv, env=shard_env(), stderr=log.fileno(),
                              keep=keep)
         except BaseException:
             if self._phase is not None:

@@ -14,9 +14,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from .clips import ClipSpec
-from .decode import FrameSpec
-from .format import (
+from ..format import (
     BACKENDS,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -27,7 +25,9 @@ from .format import (
     get_codec,
     shard_name,
 )
-from .format.manifest import ClipSettings, FrameSize
+from ..format.manifest import ClipSettings, FrameSize
+from .clips import ClipSpec
+from .decode import FrameSpec
 from .sources import Problem, Source, VideoItem
 
 DAMAGE_POLICIES = ("keep", "skip")

@@ -15,18 +15,18 @@ import os
 import time
 from collections.abc import Callable
 
+from ..format import MANIFEST, PLAN, SHARD_DIR, FormatError, read_manifest, shard_name
+from ..format.errors import storing
+from ..format.layout import write_json_atomic
+from ..format.system import cpu_count
+from ..options import JobOptions
+from ..worker.plan import ConvertConfig, Plan, PlanError, admit, check_same, default_shards, load_plan, make_plan
+from ..worker.sources import Source, load_source
 from .finalize import finalize
-from .format import MANIFEST, PLAN, SHARD_DIR, FormatError, read_manifest, shard_name
-from .format.errors import storing
-from .format.layout import write_json_atomic
-from .format.system import cpu_count
-from .options import JobOptions
 from .outdir import check_out, hold_out
-from .plan import ConvertConfig, Plan, PlanError, admit, check_same, default_shards, load_plan, make_plan
 from .progress import ProgressBar
 from .rerun import HeldRecords, failed_videos, kept_summaries, new_videos, read_source_again, shards_to_repair
 from .schedule import run_shards
-from .sources import Source, load_source
 from .space import SpaceCheck, pending_videos
 from .supervise import prestart
 

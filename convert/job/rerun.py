@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .format import PLAN, SUMMARY_KEYS, FormatError, Manifest, ShardMissing, get_backend, shard_name
-from .format.layout import write_json_atomic
-from .format.system import cpu_count
-from .options import JobOptions
-from .plan import Plan, PlanError, add_shards, default_shards
-from .sources import Source, SourceError, load_source
+from ..format import PLAN, SUMMARY_KEYS, FormatError, Manifest, ShardMissing, get_backend, shard_name
+from ..format.layout import write_json_atomic
+from ..format.system import cpu_count
+from ..options import JobOptions
+from ..worker.plan import Plan, PlanError, add_shards, default_shards
+from ..worker.sources import Source, SourceError, load_source
 
 
 def shard_records(out: str, plan: Plan, index: int) -> list | None:

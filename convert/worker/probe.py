@@ -1,9 +1,9 @@
-"""The space check's probe process (``python -m convert.probe CONFIG``): opens videos for the job process.
+"""The space check's probe process (``python -m convert.worker.probe CONFIG``): opens videos for the job process.
 
 The job process never opens a video itself: a file that hangs FFmpeg (a
 FIFO that slipped in after planning, a stuck network mount) or crashes it
 would hang or kill the whole job. This child, started and watched like a
-shard process (``convert.childproc.LineProcess``), takes one JSON line per
+shard process (``convert.job.childproc.LineProcess``), takes one JSON line per
 video, ``{"path": ..., "id": ...}``, and answers ``{"bytes": N}`` (what the
 video's clips will take, raw) or ``{"error": REASON}``; its caller kills it
 when an answer does not come in time.
@@ -16,8 +16,8 @@ import os
 import signal
 import sys
 
+from ..format.system import unblock_stop_signals
 from .decode import VideoDecoder, VideoError
-from .format.system import unblock_stop_signals
 from .plan import ConvertConfig
 from .shard_worker import estimate_bytes, install_hook
 from .sources import VideoItem

@@ -1,8 +1,8 @@
 """A child process of this package that takes JSON commands on stdin and answers each with one JSON line.
 
-The shard processes (``convert.shard_worker``) and the space check's probe
-process (``convert.probe``) are both such children: forked from the fork
-server where it runs (``convert.forkserver``), else started the ordinary way,
+The shard processes (``convert.worker.shard_worker``) and the space check's probe
+process (``convert.worker.probe``) are both such children: forked from the fork
+server where it runs (``convert.worker.forkserver``), else started the ordinary way,
 watched through their answers with a timeout, killed when they hang.
 """
 
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, cast
 
-from . import forkserver
-from .format.system import stop_signals_blocked
+from ..format.system import stop_signals_blocked
+from ..worker import forkserver
 
 
 class Stopped(Exception):
@@ -61,7 +61,7 @@ class LineProcess:
         if _stopping.is_set():
             raise Stopped
         # Forked from a server that has imported everything already: a fork
-        # instead of an interpreter's start-up per child (see convert.forkserver).
+        # instead of an interpreter's start-up per child (see convert.worker.forkserver).
         proc: forkserver.ForkedProcess | subprocess.Popen[bytes] | None = None
         if use_forkserver():
             proc = forkserver.spawn(argv(list(range(3, 3 + len(keep)))), env=env, stderr=stderr, keep=keep,

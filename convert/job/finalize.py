@@ -8,12 +8,12 @@ import time
 from collections import Counter
 from dataclasses import asdict
 
-from .format import MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
-from .format.base import CONTENT_KEY
-from .format.errors import storing
-from .format.layout import MANIFEST_VERSION, write_json_atomic
-from .format.manifest import Totals, content_fingerprint
-from .plan import Plan
+from ..format import MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from ..format.base import CONTENT_KEY
+from ..format.errors import storing
+from ..format.layout import MANIFEST_VERSION, write_json_atomic
+from ..format.manifest import Totals, content_fingerprint
+from ..worker.plan import Plan
 
 
 def manifest_entry(summary: dict, out: str, plan: Plan) -> ShardEntry:

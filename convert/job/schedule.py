@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from .format.system import cpu_count
-from .options import JobOptions
-from .plan import Plan
+from ..format.system import cpu_count
+from ..options import JobOptions
+from ..worker.plan import Plan
 from .supervise import run_shard
 
 SIZE_SAMPLE = 64  # videos per shard whose file size is read to weigh it

@@ -77,7 +77,7 @@ def _rotation_filters(rotation: float) -> list[str]:
 
 
 # The demuxers a video may be read with: FFmpeg's single-file containers for the extensions
-# ``convert.sources`` takes (mov is also mp4, m4v, 3gp; matroska also webm), and the elementary streams
+# ``convert.worker.sources`` takes (mov is also mp4, m4v, 3gp; matroska also webm), and the elementary streams
 # such files sometimes really are. Any other format FFmpeg detects is refused before its header is read:
 # a concat list, a playlist (hls, dash) or an image sequence opens other files, and an ffconcat file that
 # names itself opened itself until the process ran out of descriptors.

@@ -20,8 +20,8 @@ import time
 from collections import Counter
 from typing import TextIO
 
-from .format import PROGRESS_DIR
-from .format.units import duration
+from ..format import PROGRESS_DIR
+from ..format.units import duration
 
 # Seconds between two progress lines: often enough that a log shows the job is alive, rarely enough that a
 # long job's log stays readable.
