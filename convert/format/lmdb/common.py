@@ -67,12 +67,17 @@ class HandleCache:
         self._envs: dict[str, lmdb.Environment] = {}
         self._pid = os.getpid()
         self._real: dict[str, str] = {}
+        # Readers using each handle (``acquire``/``release``): a reader closing lets go of the handle only when
+        # it was the last, so a store that indexes through a short-lived reader never closes (or reopens, which
+        # py-lmdb refuses while the old one is open) a handle another thread's reader is using.
+        self._users: dict[str, int] = {}
 
     def _after_fork(self) -> None:
         # Only the forking thread exists in the child: a lock held by another
         # parent thread would never be released, so replace it (before taking it).
         self._lock = threading.Lock()
         envs, self._envs = self._envs, {}
+        self._users = {}
         self._pid = os.getpid()
         for env in envs.values():
             try:
@@ -105,14 +110,45 @@ class HandleCache:
                 env = self._envs[real] = open_checked(path, read_around=read_around)
             return env
 
+    def acquire(self, path: str) -> lmdb.Environment:
+        """The shared handle on ``path``, counted as used by one more reader until its ``release``."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        real = self._realpath(path)
+        with self._lock:
+            env = self._envs.get(real)
+            if env is None:
+                env = self._envs[real] = open_checked(path)
+            self._users[real] = self._users.get(real, 0) + 1
+            return env
+
+    def release(self, path: str) -> None:
+        """One reader less on ``path``'s handle: the last one closes it (a forked child's inherited readers
+        release nothing: their handles were dropped at the fork)."""
+        if self._pid != os.getpid():
+            self._after_fork()
+            return
+        real = self._realpath(path)
+        with self._lock:
+            left = self._users.get(real, 0) - 1
+            if left > 0:
+                self._users[real] = left
+                return
+            self._users.pop(real, None)
+            env = self._envs.pop(real, None)
+            if env is not None:  # closed under the lock: an open racing it would find the old one still open
+                env.close()
+
     def forget(self, path: str) -> None:
-        """Close the cached handle (before a shard is replaced, compacted or deleted)."""
+        """Close the cached handle whoever uses it (before a shard is replaced, compacted or deleted)."""
         if self._pid != os.getpid():
             self._after_fork()
         with self._lock:
-            env = self._envs.pop(self._realpath(path), None)
-        if env is not None:
-            env.close()
+            real = self._realpath(path)
+            self._users.pop(real, None)
+            env = self._envs.pop(real, None)
+            if env is not None:
+                env.close()
 
     def holds(self, path: str) -> bool:
         return self._pid == os.getpid() and self._realpath(path) in self._envs

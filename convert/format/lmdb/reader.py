@@ -32,10 +32,19 @@ class LmdbReader(ShardReader):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._opened = not HANDLES.holds(path)  # close() lets go only of a handle this reader opened
+        self._opened = False
         if not os.path.exists(os.path.join(path, DATA_FILE)):
             raise ShardMissing(f"{path}: shard missing (no {DATA_FILE})")
-        self._env()  # open now: a missing or damaged shard fails here, not mid-epoch
+        self._env(acquire=True)  # open now: a missing or damaged shard fails here, not mid-epoch
+        self._opened = True  # close() releases it: the handle closes with the last reader using it
+        try:
+            self._index()
+        except BaseException:
+            self.close()
+            raise
+
+    def _index(self) -> None:
+        path = self.path
         data = os.path.join(path, DATA_FILE)
         self._identity = file_identity(data)
         self.file_size = os.path.getsize(data)
@@ -58,12 +67,12 @@ class LmdbReader(ShardReader):
         except (ValueError, RecursionError) as exc:
             raise FormatError(f"{self.path}: the {what} ({key.decode()}) is not valid JSON: {exc}") from exc
 
-    def _env(self) -> lmdb.Environment:
+    def _env(self, *, acquire: bool = False) -> lmdb.Environment:
         # Asked of the process-wide cache on every use, never kept: a reader
         # that crossed a fork (DataLoader and DALI workers) must not use the
         # handle its parent had open.
         try:
-            return HANDLES.get(self.path)
+            return HANDLES.acquire(self.path) if acquire else HANDLES.get(self.path)
         except (OSError, lmdb.Error) as exc:
             raise FormatError(str(exc) if isinstance(exc, OSError) else f"{self.path}: shard cannot be opened: "
                               f"{exc}") from exc
@@ -150,8 +159,8 @@ class LmdbReader(ShardReader):
 
     def close(self) -> None:
         if self._opened:
-            HANDLES.forget(self.path)
             self._opened = False
+            HANDLES.release(self.path)
 
 
 __all__ = ["LmdbReader"]
