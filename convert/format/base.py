@@ -21,7 +21,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
@@ -344,13 +344,18 @@ class ShardFiles:
                      for name in sorted(os.listdir(folder)) if self.is_data(name))
 
 
+def hexdigest_of(f: BinaryIO, h: Any) -> str:
+    """The hex digest of everything left to read in binary file ``f``, fed to hashlib object ``h`` a block at a
+    time (a shard's file, a local file or a remote object: never read whole into memory)."""
+    for block in iter(lambda: f.read(1 << 20), b""):
+        h.update(block)
+    return h.hexdigest()
+
+
 def file_sha256(path: str) -> str:
     """SHA-256 of file ``path``'s bytes, as 64 lowercase hex digits."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hexdigest_of(f, hashlib.sha256())
 
 
 def _matches(patterns: tuple[str, ...], name: str) -> bool:
@@ -385,4 +390,4 @@ class Backend:
 
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
-           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "option", "summarize_headers"]
+           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "option", "summarize_headers"]

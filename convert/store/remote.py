@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import asyncio  # imported where a file system is made (fsspec's import does anyway): 30 ms for local readers
 
+from convert.format.base import hexdigest_of
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import MANIFEST, MAX_JSON_BYTES, parse_json
 from convert.format.manifest import Manifest
@@ -344,11 +345,8 @@ class Remote:
         def digest() -> str:
             import hashlib
 
-            h = hashlib.md5(usedforsecurity=False)
             with self.fs.open(self._path(rel), "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
+                return hexdigest_of(f, hashlib.md5(usedforsecurity=False))
 
         return self._retried("reading", rel, digest)
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from convert.format.backends import get_backend
+from convert.format.base import hexdigest_of
 from convert.format.errors import FormatError
 from convert.format.layout import MANIFEST, PLAN, REPORT, SHARD_DIR
 from convert.format.manifest import read_manifest
@@ -40,11 +41,8 @@ def staging_dir(url: str, staging: str | None = None) -> str:
 
 
 def _md5(path: str) -> str:
-    h = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hexdigest_of(f, hashlib.md5(usedforsecurity=False))
 
 
 # Part sizes S3 clients upload in (s3fs's default, boto3's and the AWS CLI's, and other common choices): a
