@@ -666,8 +666,30 @@ def test_the_batch_size_probe_runs_every_model(name):
     assert details["micro_batch"] == 41 and batch == 82
 
 
+DDP_ARGS = ["--epochs", "2", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--dropout", "0",
+            "--eval-every", "0"]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tiny_data, tmp_path_factory):  # noqa: F811
+    """torchrun x2 (gloo) at batch 20 each, for every model of NEW in one launch (``tests.ddp_runs``: one set of
+    interpreters for all of them); (the launch's CompletedProcess, each model's --out)."""
+    import subprocess
+    import sys
+
+    from .train_fixtures import ROOT, subprocess_env
+
+    base = tmp_path_factory.mktemp("ddp_models")
+    outs = {name: base / name for name in NEW}
+    argvs = [[*common(tiny_data, out), "--model", name, *DDP_ARGS, "--batch-size", "20"] for name, out in outs.items()]
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "tests.ddp_runs", json.dumps(argvs)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120 * len(NEW)), outs
+
+
 @pytest.mark.parametrize("name", NEW)
-def test_ddp_two_processes_match_one_process_with_double_batch(name, tiny_data, tmp_path):
+def test_ddp_two_processes_match_one_process_with_double_batch(name, tiny_data, tmp_path, ddp_runs):
     """torchrun x2 (gloo) at batch 20 each == one process at batch 40 in 2 micro-batches: bit-identical
     parameters after 2 steps (2 epochs of 1 step), as tests/test_train_run.py checks for C3D.
 
@@ -675,20 +697,11 @@ def test_ddp_two_processes_match_one_process_with_double_batch(name, tiny_data, 
     buffers before each forward), where the one process updated them with both micro-batches in turn. The
     gradients use each micro-batch's own batch statistics on both sides, as each rank's.
     """
-    import subprocess
-    import sys
-
-    from .train_fixtures import ROOT, subprocess_env
-
-    args = ["--model", name, "--epochs", "2", "--optimizer", "sgd", "--lr", "0.05", "--no-lr-scaling", "--dropout",
-            "0", "--eval-every", "0"]
-    run_argv(common(tiny_data, tmp_path / "single") + args + ["--batch-size", "40", "--accum-steps", "2"])
-    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "train",
-           *common(tiny_data, tmp_path / "ddp"), *args, "--batch-size", "20"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc, outs = ddp_runs
+    run_argv(common(tiny_data, tmp_path / "single") + ["--model", name, *DDP_ARGS, "--batch-size", "40",
+                                                       "--accum-steps", "2"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    single, ddp = final_state(tmp_path / "single"), final_state(tmp_path / "ddp")
+    single, ddp = final_state(tmp_path / "single"), final_state(outs[name])
     assert ddp["config"]["world_size"] == 2 and ddp["step"] == single["step"] == 2
     params = [k for k, _ in _tiny(name).named_parameters()]
     assert_states_equal({k: single["model"][k] for k in params}, {k: ddp["model"][k] for k in params})
