@@ -25,6 +25,9 @@ SHARED_VIDEOS = os.path.normpath(os.environ.get("VIDEOCLIPS_SHARED_VIDEOS")
 VIDEO_TIERS = ("synthetic", "real") if os.path.isdir(SHARED_VIDEOS) else ("synthetic",)
 # Every shard process of the suite installs the fault hook (a no-op unless a test sets CONVERT_TEST_FAULT).
 os.environ.setdefault("CONVERT_SHARD_HOOK", "tests.faults:install")
+# The test backend (tests/tarbackend) plugged in: every process of the suite finds it (tests/backend_params.py).
+os.environ["VIDEOCLIPS_EXTRA_BACKENDS"] = ",".join(filter(None, (os.environ.get("VIDEOCLIPS_EXTRA_BACKENDS"),
+                                                                 "tar=tests.tarbackend:BACKEND")))
 # The user's shard cache as it was before the suite pointed XDG_CACHE_HOME elsewhere (see user_cache_dir below):
 # what the suite must never write into.
 REAL_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),

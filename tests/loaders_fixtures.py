@@ -39,6 +39,16 @@ def tfrecord_converted(src: str, base: str, codec: str) -> str:
     return converted(src, base, f"tf_{codec}", codec=codec, backend="tfrecord")
 
 
+def backend_converted(src: str, base: str, backend: str, codec: str) -> str:
+    """``src`` converted with ``backend`` and ``codec`` (3 shards), once per session, under the name every module
+    uses for that pair (``raw_root`` and the others for LMDB, ``tfrecord_converted`` for TFRecord)."""
+    if backend == "lmdb":
+        return converted(src, base, codec, codec=codec)
+    if backend == "tfrecord":
+        return tfrecord_converted(src, base, codec)
+    return converted(src, base, f"{backend}_{codec}", codec=codec, backend=backend)
+
+
 @pytest.fixture(scope="session")
 def loader_base(tmp_path_factory) -> str:
     return str(tmp_path_factory.getbasetemp() / "loader_shards")

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 from convert.format import (
-    BACKENDS,  # tests run over every registered backend and codec
+    BACKENDS,
     FormatError,
     StoreError,
     StoreFullError,
 )
 
+from .backend_params import ALL, TEST_BACKENDS
 from .convert_helpers import run_cli
 from .loaders_fixtures import payloads
 
@@ -35,7 +36,7 @@ def _statuses(out: str) -> dict:
     return _manifest(out)["status_counts"]
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", ALL)
 def test_store_full_mid_video_stops_the_job_and_a_rerun_gives_the_clean_result(tiny_tree, tmp_path, backend):
     args = ("--workers", "1", "--shards", "2", "--no-progress", "--backend", backend)
     clean = str(tmp_path / "clean")
@@ -437,8 +438,8 @@ def _write_shard(path: str, backend: str, options, videos: dict[str, int]) -> di
 
 @pytest.mark.parametrize("backend, options", [
     ("lmdb", {"map_size": 1 << 20}), ("lmdb", {"map_size": 1 << 20, "compact": True}),
-    ("tfrecord", {"part_bytes": 1500}),
-], ids=["lmdb", "lmdb-compact", "tfrecord"])
+    ("tfrecord", {"part_bytes": 1500}), *((name, {}) for name in TEST_BACKENDS),
+], ids=["lmdb", "lmdb-compact", "tfrecord", *TEST_BACKENDS])
 def test_every_file_operation_of_a_writer_that_fails_is_a_store_error_and_the_redo_equals_a_clean_write(
         tmp_path, backend, options):
     """Issue 19, point 1: each write, sync, rename, close... of a shard writer fails in turn (EIO). Every one

@@ -11,7 +11,7 @@ README = os.path.join(ROOT, "README.md")
 PAGES = [README, os.path.join(ROOT, "FORMAT.md")] + sorted(
     os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
 # The packages whose README maps their files (convert's layers); their links are checked with the pages.
-MAPPED = ("convert", "convert/worker", "convert/job")
+MAPPED = ("convert", "convert/format", "convert/worker", "convert/job")
 PAGES += [os.path.join(ROOT, folder, "README.md") for folder in MAPPED]
 
 

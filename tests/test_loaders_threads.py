@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from convert.format import BACKENDS, WRITE_CODECS, FormatError  # tests run over every registered backend and codec
+from convert.format import WRITE_CODECS, FormatError
 from convert.format.codecs import JpegCodec
 from convert.format.lmdb import HANDLES, clip_key
 from loaders import (
@@ -29,8 +29,10 @@ from loaders import (
     open_clips,
 )
 
+from .backend_params import ALL, SPECIFIED, TEST_BACKENDS
 from .conftest import load_script
 from .loaders_fixtures import (  # noqa: F401
+    backend_converted,
     converted,
     copy_conversion,
     jpeg_root,
@@ -43,13 +45,6 @@ from .loaders_fixtures import (  # noqa: F401
 )
 
 FIELDS = ("clip", "label", "clip_index", "index")
-
-
-def _root(synth_videos, loader_base, backend: str, codec: str) -> str:  # noqa: F811
-    # The same names as the other loader and format tests: each conversion is made once per session.
-    if backend == "lmdb":
-        return converted(synth_videos, loader_base, codec, codec=codec)
-    return tfrecord_converted(synth_videos, loader_base, codec)
 
 
 def _batches(loader, epoch: int = 0, position: int = 0) -> list[dict]:
@@ -69,10 +64,10 @@ def _assert_same(got: list[dict], want: list[dict]) -> None:
         assert g["video_id"] == w["video_id"]
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-@pytest.mark.parametrize("codec", list(WRITE_CODECS))
+@pytest.mark.parametrize("backend, codec", [(b, c) for b in SPECIFIED for c in WRITE_CODECS]
+                         + [(b, "raw") for b in TEST_BACKENDS])
 def test_threaded_batches_equal_the_dataloader_batches(synth_videos, loader_base, backend, codec):  # noqa: F811
-    root = _root(synth_videos, loader_base, backend, codec)
+    root = backend_converted(synth_videos, loader_base, backend, codec)
     for train in (True, False):
         ds = ClipDataset(root, train=train, seed=3)
         n = len(ds)
@@ -183,7 +178,7 @@ def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):
     from convert.worker.plan import ConvertConfig
 
     threads = 12
-    for backend in BACKENDS:
+    for backend in ALL:
         src = str(tmp_path / f"{backend}_src")
         run_job(synth_videos, src, ConvertConfig(backend=backend, codec="lz4", size=(40, 52)),
                 JobOptions(workers=2, shards=10, progress=False))
@@ -226,7 +221,7 @@ def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):
                 envs = {os.path.realpath(p): HANDLES.get(p) for p in store.shard_paths}
                 assert len({id(e) for e in envs.values()}) == 10
                 assert all(os.path.realpath(p) in HANDLES._envs for p in store.shard_paths)
-            elif shared is not None:
+            elif backend == "tfrecord" and shared is not None:
                 # one map per part of every shard, however many threads asked for it first
                 for si in range(10):
                     reader = store.reader(si)

@@ -23,9 +23,10 @@ from convert.store import open_clips
 from convert.store.cache import CacheFullError, CacheSettings, ShardCache
 from convert.store.remote import RemoteError
 
+from .backend_params import with_test_backends
 from .conftest import REAL_CACHE_DIR, ROOT
 from .remote_fixtures import copy_conversion, serve_folder
-from .train_fixtures import tiny_data, tiny_tfrecord
+from .train_fixtures import tiny_as, tiny_data, tiny_tfrecord
 
 
 def _settings(tmp_path, **kw) -> CacheSettings:
@@ -97,19 +98,24 @@ def test_http_tfrecord_reads_as_local(tiny_tfrecord, tmp_path):
         _same_clips(store, open_clips(tiny_tfrecord))
 
 
-def test_a_tfrecord_conversion_opens_without_downloading_its_records(s3_server, tiny_tfrecord, tmp_path):
-    """A TFRecord shard is indexed from its shard.json and part commits: opening downloads no record file; the
-    first read of a clip downloads its one shard."""
-    url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
+@pytest.mark.parametrize("backend", with_test_backends("tfrecord"))
+def test_a_conversion_indexed_from_small_files_opens_without_downloading_its_bulk(s3_server, tiny_data, tmp_path,
+                                                                                   backend):
+    """A TFRecord shard is indexed from its shard.json and part commits (a backend's ``ShardFiles.index``):
+    opening downloads no record file; the first read of a clip downloads its one shard."""
+    local = tiny_as(backend, tiny_data)
+    url = s3_server.upload(local, s3_server.bucket())
     store = open_clips(url, cache=_settings(tmp_path))
-    assert store.cache.downloads() == [] and len(store) == len(open_clips(tiny_tfrecord))
+    assert store.cache.downloads() == [] and len(store) == len(open_clips(local))
     store.get(0)
     assert store.cache.downloads() == [store.manifest.shards[0].name]
 
 
-def test_file_url(tiny_tfrecord, tmp_path):
-    store = open_clips(f"file://{tiny_tfrecord}", cache=_settings(tmp_path))
-    _same_clips(store, open_clips(tiny_tfrecord))
+@pytest.mark.parametrize("backend", with_test_backends("tfrecord"))
+def test_file_url(tiny_data, tmp_path, backend):
+    local = tiny_as(backend, tiny_data)
+    store = open_clips(f"file://{local}", cache=_settings(tmp_path))
+    _same_clips(store, open_clips(local))
 
 
 def _bucket_copy(s3_server, local: str) -> tuple[str, str]:
@@ -117,11 +123,13 @@ def _bucket_copy(s3_server, local: str) -> tuple[str, str]:
     return bucket, s3_server.upload(local, bucket)
 
 
-def test_flipped_byte_is_caught_on_arrival(s3_server, tiny_tfrecord, tmp_path):
-    bucket, url = _bucket_copy(s3_server, tiny_tfrecord)
+@pytest.mark.parametrize("backend", with_test_backends("tfrecord"))
+def test_flipped_byte_is_caught_on_arrival(s3_server, tiny_data, tmp_path, backend):
+    bucket, url = _bucket_copy(s3_server, tiny_as(backend, tiny_data))
     manifest = json.loads(s3_server.fs().cat_file(f"{bucket}/data/manifest.json"))
     shard = manifest["shards"][0]
-    key = f"{bucket}/data/{shard['path']}/{shard['files'][0]['path']}"
+    bulk = max(manifest["shard_files"][shard["name"]], key=lambda f: f["bytes"])["name"]  # where the clips lie
+    key = f"{bucket}/data/{shard['path']}/{bulk}"
     fs = s3_server.fs()
     data = bytearray(fs.cat_file(key))
     data[len(data) // 2] ^= 0x01

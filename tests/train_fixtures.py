@@ -61,15 +61,23 @@ def tiny_data(tmp_path_factory) -> str:
 def tiny_tfrecord(tiny_data) -> str:
     """The videos of ``tiny_data`` as a TFRecord conversion of raw clips (40 clips, which DALI's native reader
     reads on its CPU backend too)."""
+    return tiny_as("tfrecord", tiny_data)
+
+
+def tiny_as(backend: str, tiny_data: str) -> str:
+    """The videos of ``tiny_data`` converted with ``backend`` (raw clips, 40 of them; ``tiny_data`` itself for
+    LMDB), made once per session beside it."""
     from convert.synth import synthetic_conversions
     from convert.worker.plan import ConvertConfig
 
-    if "tfrecord" not in _BUILT:
+    if backend == "lmdb":
+        return tiny_data
+    if backend not in _BUILT:
         base = os.path.dirname(tiny_data)
-        _BUILT["tfrecord"] = synthetic_conversions(
-            base, {"tfrecord": ConvertConfig(backend="tfrecord", codec="raw", size=(40, 52), max_clips=2)},
-            per_class=4, seconds=2.0, seed=7, videos="videos/train", workers=2)["tfrecord"]
-    return _BUILT["tfrecord"]
+        _BUILT[backend] = synthetic_conversions(
+            base, {backend: ConvertConfig(backend=backend, codec="raw", size=(40, 52), max_clips=2)},
+            per_class=4, seconds=2.0, seed=7, videos="videos/train", workers=2)[backend]
+    return _BUILT[backend]
 
 
 def common(data: str, out) -> list[str]:

@@ -99,6 +99,24 @@ def summarize_headers(headers: Iterator[bytes | memoryview]) -> tuple[str, str]:
     return h.hexdigest(), content.hexdigest()
 
 
+def read_back_summary(reader: ShardReader) -> dict:
+    """The summary a writer's ``finish`` returns (``SUMMARY_KEYS``, ``CONTENT_KEY``; not its backend's extras) of
+    the shard ``reader`` reads: counted, summed and checksummed as a reader sees it, in one pass."""
+    value_bytes = 0
+
+    def headers() -> Iterator[bytes | memoryview]:
+        nonlocal value_bytes
+        for header_bytes, head, _ in reader.iter_clips():
+            value_bytes += head.value_len
+            yield header_bytes
+
+    sha, content = summarize_headers(headers())  # first: it counts value_bytes as it reads
+    records = reader.records()
+    summary = dict(zip(SUMMARY_KEYS, (len(records), sum(r.clips for r in records), value_bytes, sha)))
+    summary[CONTENT_KEY] = content
+    return summary
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, default=repr)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -390,4 +408,5 @@ class Backend:
 
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
-           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "option", "summarize_headers"]
+           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "option", "read_back_summary",
+           "summarize_headers"]

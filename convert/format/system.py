@@ -1,4 +1,5 @@
-"""Process-level helpers every package shares: the CPUs this process may use, lazy package exports, and the stop
+"""Process-level helpers every package shares: the CPUs this process may use, lazy package exports, objects named
+``module:attribute`` (the hooks and plug-ins an environment variable names), and the stop
 signals (SIGINT, SIGTERM) held off while a child process starts.
 
 A child shares its parent's process group, so Ctrl-C reaches it too, and a
@@ -44,6 +45,15 @@ def lazy_exports(package: str, table: dict[str, str]) -> Callable[[str], Any]:
         return getattr(importlib.import_module(path), name)
 
     return __getattr__
+
+
+def import_named(spec: str) -> Any:
+    """The object ``module:attribute`` names, its module imported now; ValueError when ``spec`` is not of that form
+    (ImportError and AttributeError as they come)."""
+    module, colon, name = spec.partition(":")
+    if not (module and colon and name):
+        raise ValueError(f"{spec!r} is not of the form module:attribute")
+    return getattr(importlib.import_module(module), name)
 
 
 _STOP = (signal.SIGINT, signal.SIGTERM)

@@ -9,7 +9,6 @@ video was in flight.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import mmap
@@ -35,7 +34,7 @@ from ..format import (
     shard_meta,
 )
 from ..format.errors import storing
-from ..format.system import unblock_stop_signals
+from ..format.system import import_named, unblock_stop_signals
 from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan
@@ -196,8 +195,7 @@ def install_hook() -> None:
     spec = os.environ.get(HOOK_ENV)
     if not spec:
         return
-    module, _, name = spec.partition(":")
-    getattr(importlib.import_module(module), name)()
+    import_named(spec)()
 
 
 def main(argv: list[str]) -> int:

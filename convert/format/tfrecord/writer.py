@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_headers
+from ..base import ClipProducer, ShardWriter, read_back_summary
 from ..errors import FormatError, ShardDamaged, StoreError, make_folder, storing
 from ..layout import read_json_file, unpack_header, write_json_atomic
 from ..parts import PartLog, fsync_path, latest_records
@@ -177,19 +177,7 @@ class TFRecordWriter(ShardWriter):
         """Count, sum and checksum what the shard holds, read back as a reader sees it; write the summary."""
         reader = TFRecordReader(self.path)
         try:
-            records = reader.records()
-            value_bytes = 0
-
-            def headers():
-                nonlocal value_bytes
-                for header_bytes, head, _ in reader.iter_clips():
-                    value_bytes += head.value_len
-                    yield header_bytes
-
-            sha, content = summarize_headers(headers())  # first: it counts value_bytes as it reads
-            summary = dict(zip(SUMMARY_KEYS, (len(records), sum(r.clips for r in records), value_bytes, sha)))
-            summary[CONTENT_KEY] = content
-            summary["files"] = reader.files()
+            summary = {**read_back_summary(reader), "files": reader.files()}
         finally:
             reader.close()
         write_json_atomic(os.path.join(self.path, COMPLETE_FILE), summary, sync=False, sort_keys=True)
