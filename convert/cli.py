@@ -27,6 +27,7 @@ from .job.progress import line_interval
 from .job.summary import print_summary
 from .job.supervise import ShardFailed, ShardOptions
 from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
+from .signals import STOP_SIGNALS, take_stop_signals
 from .store.remote import Remote, RemoteError, check_url, is_url
 from .worker.clips import SHORT_POLICIES
 from .worker.plan import DAMAGE_POLICIES, ConvertConfig, PlanError
@@ -210,7 +211,6 @@ def describe_os_error(exc: OSError) -> str:
 
 
 INTERRUPTED = "convert: interrupted; rerun the same command to continue"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_WAIT = 5.0  # seconds the stop waits for the killed children to be reaped, then for the fork server
 
 
@@ -241,15 +241,9 @@ def _interrupted(signum: int, frame: object) -> None:
 def _stop_on_signals() -> dict:
     """SIGINT and SIGTERM stop the job through ``_interrupted``; one this process was started ignoring
     (``nohup``, a shell's background job) stays ignored. Returns the handlers replaced, to put back."""
-    previous: dict = {}
     if threading.current_thread() is not threading.main_thread():
-        return previous  # only the main thread may set handlers; the caller's own handling stays
-    for sig in STOP_SIGNALS:
-        handler = signal.getsignal(sig)
-        if handler is not signal.SIG_IGN:
-            previous[sig] = handler
-            signal.signal(sig, _interrupted)
-    return previous
+        return {}  # only the main thread may set handlers; the caller's own handling stays
+    return take_stop_signals(_interrupted)
 
 
 def _mistyped_subcommand(argv: list[str]) -> str | None:

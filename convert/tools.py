@@ -16,6 +16,7 @@ from .argtypes import OneLineParser, byte_count, number, whole
 from .format import WRITE_CODECS, FormatError, Manifest, read_manifest
 from .job.summary import describe_shape, print_summary
 from .options import MAX_WORKERS
+from .signals import STOP_SIGNALS, put_back, take_stop_signals
 from .store import manifest_at, open_clips
 from .store.cache import CacheSettings
 from .store.cache.verify import verify_url
@@ -193,19 +194,15 @@ def _stops_raised() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: object) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stop
         raise _Stopped(signum)
 
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig, handler in previous.items():
-        if handler is not signal.SIG_IGN:  # a signal this process was started ignoring (nohup) stays ignored
-            signal.signal(sig, stop)
+    previous = take_stop_signals(stop)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        put_back(previous)
 
 
 def _usable_out(cmd: str, out: str) -> Manifest | None:

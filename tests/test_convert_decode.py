@@ -375,6 +375,44 @@ def test_a_file_of_cover_art_only_has_no_video_stream(tmp_path):
 
 
 
+
+@pytest.mark.parametrize("backend", ["lmdb", "tfrecord"])
+def test_each_video_record_names_the_stream_its_clips_were_decoded_from(tmp_path, backend):
+    """The record says which of the file's streams became the clips (issue 27): cover art listed first in an
+    MP4, an attached picture after a Matroska's tracks, a still picture as a Matroska's first track."""
+    import json
+
+    import av
+
+    from convert.format import get_backend
+
+    from .convert_helpers import run_cli
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    _cover_first(_write_av(str(src / "mp4_cover_first.mp4"), video="libx264", audio="aac", audio_s=1.0, cover=True))
+    _write_av(str(src / "mkv_cover.mkv"), video="libx264", audio="aac", audio_s=1.0, cover=True)
+    _still_then_video(str(src / "mkv_still_first.mkv"))
+    out = tmp_path / "out"
+    r = run_cli(str(tmp_path / "src"), str(out), "--backend", backend, "--size", "48x64", "--workers", "1",
+                "--no-progress")
+    assert r.returncode == 0, r.stderr
+    manifest = json.load(open(out / "manifest.json"))
+    records = {}
+    for shard in manifest["shards"]:
+        reader = get_backend(backend).reader(str(out / shard["path"]))
+        try:
+            records.update({rec.video_id: rec for rec in reader.records()})
+        finally:
+            reader.close()
+    assert {vid: (rec.status, rec.stream) for vid, rec in records.items()} == {
+        "a/mkv_cover": ("ok", 0), "a/mkv_still_first": ("ok", 1), "a/mp4_cover_first": ("ok", 1)}
+    for vid, rec in records.items():
+        with av.open(rec.path) as c:  # the one h264 stream of the file, the real video
+            assert [s.index for s in c.streams if s.type == "video" and s.codec_context.name == "h264"] == \
+                [rec.stream], vid
+
+
 # -- a still picture muxed as an ordinary video track (no attached_pic flag) ---------------------------------------
 STILL_FIRST = 40  # frames of the real video beside the still
 

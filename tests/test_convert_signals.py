@@ -154,6 +154,86 @@ def test_a_stop_signal_while_the_command_starts_is_one_line(sig):
     assert (proc.returncode, stderr, stdout) == (128 + sig, INTERRUPTED, "")
 
 
+# The start-up of each command that takes stop signals: (package run with -m, its arguments, its line). Nothing
+# of the arguments needs to exist: the signal comes before any of it is read.
+STARTS = {"convert": ("convert", ["src", "out"], INTERRUPTED),
+          "convert-verify": ("convert", ["verify", "out"], INTERRUPTED),
+          "train": ("train", ["--data", "data"], "train: interrupted while starting; nothing was written\n")}
+
+# Runs ``python -m PACKAGE ARGS`` with the signal sent to itself as the first heavy module (numpy, torch, PyAV)
+# starts importing, whoever imports it: the package's own __init__ included, which runs before its __main__.
+_SIGNAL_AT_FIRST_HEAVY_IMPORT = """
+import importlib.abc, os, runpy, sys
+
+SIG, PACKAGE = int(sys.argv[1]), sys.argv[2]
+HEAVY = ("numpy", "torch", "av")
+if any(name in sys.modules for name in HEAVY):
+    sys.exit("imported before the command started: " + ", ".join(n for n in HEAVY if n in sys.modules))
+
+
+class SignalOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in HEAVY:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), SIG)
+        return None
+
+
+sys.meta_path.insert(0, SignalOnImport())
+sys.argv = [PACKAGE, *sys.argv[3:]]
+runpy.run_module(PACKAGE, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("start", list(STARTS))
+def test_a_stop_signal_as_a_command_imports_numpy_torch_or_pyav_is_one_line(start, sig):
+    """``import convert`` imported numpy before convert/__main__ could take the signal, and ``python -m train``
+    took none while importing torch: a KeyboardInterrupt traceback, or no word at all for SIGTERM."""
+    package, args, line = STARTS[start]
+    with _sigint_taken():
+        proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_AT_FIRST_HEAVY_IMPORT, str(int(sig)), package, *args],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert (proc.returncode, stderr, stdout) == (128 + sig, line, "")
+
+
+def _catches(pid: int, sig: int) -> bool | None:
+    """Whether the process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc/PID/status); None when it has
+    ended."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if fields["State"].split()[0] in ("Z", "X"):
+        return None
+    return bool(int(fields["SigCgt"], 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("start", list(STARTS))
+def test_a_stop_signal_at_a_commands_start_is_one_line_each_time(start, sig):
+    """The real start, without hooks: the signal is sent the moment the process takes SIGTERM (which Python
+    leaves at its default: only the command's own handler takes it), while it goes on to import what it
+    needs, a few times over. Sooner, the interpreter has not run a line of the project yet, and the signal's
+    default action ends it, as it does any program. ``python -m train`` never took SIGTERM before its run."""
+    package, args, line = STARTS[start]
+    for _ in range(3):
+        with _sigint_taken():
+            proc = subprocess.Popen([sys.executable, "-m", package, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        while (taken := _catches(proc.pid, signal.SIGTERM)) is not True:
+            if taken is None:
+                stdout, stderr = proc.communicate()
+                pytest.fail(f"python -m {package} ended (status {proc.returncode}) without taking SIGTERM: "
+                            f"{stderr[-2000:]}")
+            time.sleep(0.001)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert (proc.returncode, stderr, stdout) == (128 + sig, line, "")
+
+
 def test_no_signal_goes_to_a_forked_process_whose_status_has_come_back(monkeypatch):
     """The job's stop kills every child from the signal handler while their supervisors reap them: a kill
     that loses that race must send nothing, since the pid, and the number of its closed pidfd, may name

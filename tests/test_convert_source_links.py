@@ -123,3 +123,33 @@ def test_a_class_folder_that_is_a_symbolic_link_loop_stops_the_job_in_one_line_n
     r = run_cli(str(root), str(tmp_path / "out"))
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"convert: error: {message}\n")
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_link_to_a_file_of_another_class_converts_it_once_under_its_own_class_and_reports_the_link_once(
+        touch_video, tmp_path):
+    """``b/link.mp4 -> ../a/x.mp4`` converted a/x twice: as a/x labelled a, and as b/link labelled b."""
+    root = tmp_path / "src"
+    touch_video(str(root / "a" / "x.mp4"))
+    touch_video(str(root / "b" / "y.mp4"))
+    touch_video(str(root / "c" / "w.mp4"))
+    os.symlink("../a/x.mp4", root / "b" / "link.mp4")
+    os.makedirs(root / "b" / "sub")
+    os.symlink("../../c/w.mp4", root / "b" / "sub" / "deep.mp4")   # from deeper, into a later class
+    os.symlink("../b/sub", root / "a" / "borrowed")                # and that link reached through a folder link
+    os.symlink("y.mp4", root / "b" / "alias.mp4")                  # within its own class: an entry of its own
+    src = from_folders(str(root))
+    assert [(it.id, it.label) for it in src.items] == [("a/x", 0), ("b/alias", 1), ("b/y", 1), ("c/w", 2)]
+    other = "reached through a symbolic link from another class's folder: converted once, as {}, under its own class"
+    assert sorted((p.id, p.reason) for p in src.problems) == [
+        ("a/borrowed/deep", "the same file as c/w, reached through a symbolic link to a folder: converted once, "
+                            "as c/w"),
+        ("b/link", "the same file as a/x, " + other.format("a/x")),
+        ("b/sub/deep", "the same file as c/w, " + other.format("c/w"))]
+    out = tmp_path / "out"
+    r = run_cli(str(root), str(out), "--short", "loop", "--workers", "1", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    report = [json.loads(line) for line in open(out / "report.jsonl")]
+    assert sorted((p["id"], p["status"]) for p in report) == [
+        ("a/borrowed/deep", "rejected"), ("a/x", "padded"), ("b/alias", "padded"), ("b/link", "rejected"),
+        ("b/sub/deep", "rejected"), ("b/y", "padded"), ("c/w", "padded")]
+    assert json.load(open(out / "manifest.json"))["status_counts"] == {"padded": 4, "rejected": 3}

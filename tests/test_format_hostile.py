@@ -412,3 +412,18 @@ def test_a_stop_signal_during_verify_is_one_line_and_no_checker_is_left(raw_root
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing of its group is left
+
+
+def test_a_video_record_without_a_stream_reads_and_is_stored_as_before_and_a_bad_stream_is_refused():
+    """``stream`` came later, optional: a record written before it reads, and one without it is the same bytes."""
+    from convert.format.records import VideoRecord
+
+    old = {"video_id": "a/x", "path": "/v/a/x.mp4", "label": 1, "status": "ok", "clips": 2, "frames": 40, "reason": ""}
+    raw = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
+    rec = VideoRecord.from_bytes(raw, "shard-00000")
+    assert rec.stream is None and rec.to_bytes() == raw
+    with_stream = VideoRecord.from_dict({**old, "stream": 1}, "shard-00000")
+    assert with_stream.stream == 1 and json.loads(with_stream.to_bytes()) == {**old, "stream": 1}
+    for bad in ("1", True, 1.0, -1):
+        with pytest.raises(FormatError, match=r"^shard-00000: (damaged )?video record 'a/x'"):
+            VideoRecord.from_dict({**old, "stream": bad}, "shard-00000")

@@ -9,7 +9,9 @@ following arguments are required: --data".
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
+from collections.abc import Callable
 
 COMMANDS = ("demo", "eval")
 
@@ -27,21 +29,32 @@ def mistyped_command(argv: list[str]) -> str | None:
             f"takes options only: python -m train --data OUT)")
 
 
-def dispatch(argv: list[str]) -> int:
-    """Run the command ``argv`` names (``python -m train ARGV``); returns the exit status: 2 with one line on
-    stderr for a mistyped command."""
+def command(argv: list[str]) -> tuple[Callable[[list[str]], int], list[str]]:
+    """The function that runs the command ``argv`` names (``python -m train ARGV``), imported (torch with it),
+    and the arguments it takes; the function returns the exit status."""
     if argv and argv[0] == "demo":
         from .demo import main as demo_main
 
-        return demo_main(argv[1:])
+        return demo_main, argv[1:]
     if argv and argv[0] == "eval":
         from .evalcmd import main as eval_main
 
-        return eval_main(argv[1:])
+        return eval_main, argv[1:]
     problem = mistyped_command(argv)
     if problem is not None:
-        print(f"train: error: {problem}", file=sys.stderr)
-        return 2
+        return functools.partial(_refuse, problem), argv
     from .main import main
 
-    return main(argv)
+    return main, argv
+
+
+def _refuse(problem: str, argv: list[str]) -> int:
+    print(f"train: error: {problem}", file=sys.stderr)
+    return 2
+
+
+def dispatch(argv: list[str]) -> int:
+    """Run the command ``argv`` names (``python -m train ARGV``); returns the exit status: 2 with one line on
+    stderr for a mistyped command."""
+    run, rest = command(argv)
+    return run(rest)

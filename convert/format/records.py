@@ -24,9 +24,15 @@ class VideoRecord:
     clips: int
     frames: int
     reason: str = ""
+    # The index of the container's stream the clips were decoded from; None when the video was never opened
+    # (and in records written before it was kept), and then left out of the stored object.
+    stream: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.stream is None:
+            del d["stream"]  # a record without it is stored as before, byte for byte
+        return d
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
@@ -49,10 +55,12 @@ class VideoRecord:
             rec = cls(**d)
         except TypeError as exc:
             raise FormatError(f"{where}: damaged video record: {exc}") from exc
-        ints = (rec.label, rec.clips, rec.frames)
+        ints = (rec.label, rec.clips, rec.frames, *(() if rec.stream is None else (rec.stream,)))
         if not (isinstance(rec.video_id, str) and isinstance(rec.path, str) and isinstance(rec.reason, str)) or \
                 not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
             raise FormatError(f"{where}: damaged video record {rec.video_id!r}: a field has the wrong type")
+        if rec.stream is not None and rec.stream < 0:
+            raise FormatError(f"{where}: video record {rec.video_id!r} has stream {rec.stream}, not an index")
         if rec.status not in STATUSES or rec.clips < 0:
             raise FormatError(f"{where}: video record {rec.video_id!r} has status {rec.status!r}, clips {rec.clips}")
         return rec

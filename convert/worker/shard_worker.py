@@ -101,7 +101,7 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
         set_phase(STORING)
         n, frames = cutter.emitted, cutter.frames_seen
         record = lambda status, clips, reason="": VideoRecord(  # noqa: E731
-            item.id, item.path, item.label, status, clips, frames, reason)
+            item.id, item.path, item.label, status, clips, frames, reason, stream=dec.stream_index)
         if dec.damage:
             if config.on_damage == "skip":
                 return record("failed", 0, f"damaged, skipped by policy: {dec.damage}")

@@ -180,7 +180,8 @@ def file_problem(path: str) -> tuple[str, str] | None:
 
 class _Found(NamedTuple):
     """A video file a walk found: its absolute path, the (st_dev, st_ino) of its folder entry (of the link when
-    it is a symbolic link to a file), and whether a link to a folder below the class folder led to it.
+    it is a symbolic link to a file), whether a link to a folder below the class folder led to it, the
+    (st_dev, st_ino) of the file itself (what a link to a file leads to), and whether the entry is such a link.
 
     The entry, not the file a link to a file leads to: folders of links to
     shared files (a benchmark's, git-annex's) are one video per link, as
@@ -190,6 +191,8 @@ class _Found(NamedTuple):
     path: str
     key: tuple[int, int]
     linked: bool
+    file: tuple[int, int]
+    file_link: bool
 
 
 @dataclass
@@ -269,7 +272,8 @@ def _walk_videos(walk: _Walk, top: str, key: tuple[int, int], linked: bool) -> I
             if not isinstance(st, os.stat_result):  # (status, reason)
                 problems.append(Problem(vid, full, *st))
                 continue
-            yield _Found(full, (key[0], entry.inode()), linked)  # the inode listing gave: no system call
+            # The entry's inode from the listing (no system call); the file's from the stat that followed links.
+            yield _Found(full, (key[0], entry.inode()), linked, (st.st_dev, st.st_ino), entry.is_symlink())
     finally:
         del walk.path[key]
 
@@ -537,8 +541,10 @@ def from_folders(root: str, *, classes_file: str | None = None) -> Source:
     be used is a ``Problem`` (``_walk_videos``). Each file is converted once,
     under the class it is in: one also reached through a symbolic link to a
     folder (to another class's folder) is reported, not converted again under
-    the label of the folder holding the link. A symbolic link to a file is an
-    entry of its own, wherever it leads.
+    the label of the folder holding the link. So is a symbolic link to a file
+    another class folder holds (found there without a link): the file is
+    converted there, once. Any other symbolic link to a file (within its own
+    class, or to a file outside the class folders) is an entry of its own.
     """
     root = os.path.abspath(root)
     walk, root_key = _root_walk(root)
@@ -576,18 +582,36 @@ def from_folders(root: str, *, classes_file: str | None = None) -> Source:
         # A class folder is walked even when another class's folder is the same one (a link): each is a class.
         found += [(entry.name, f) for f in _walk_videos(walk, cdir, (st.st_dev, st.st_ino), False)]
     problems = walk.problems
+    ids = {f.path: os.path.splitext(os.path.relpath(f.path, root))[0] for _, f in found}
     # Files reached without a link to a folder first: a file's own class is the one it is in, not one linking
     # to its folder. Two entries of one file met without such a link (hard links) are both kept, as before.
     first: dict[tuple[int, int], str] = {}
     for _, f in sorted(found, key=lambda cf: cf[1].linked):
-        first.setdefault(f.key, os.path.splitext(os.path.relpath(f.path, root))[0])
+        first.setdefault(f.key, ids[f.path])
+    # The same for a link to a file: the file's own class is the class folder holding it without any link
+    # (its real path, when that is inside the root), never the class of a folder holding a link to it.
+    holders: dict[tuple[int, int], dict[str, str]] = {}  # file -> {class holding it: its first id there}
+    for name, f in found:
+        if not f.linked and not f.file_link:
+            holders.setdefault(f.file, {}).setdefault(name, ids[f.path])
+    owner: dict[str, str] = {}  # id of a link to another class's file -> the id the file is converted as
+    for name, f in found:
+        held = holders.get(f.file, {})
+        if f.file_link and held and name not in held:  # (a link within its own class is an entry of its own)
+            owner[ids[f.path]] = next(iter(held.values()))
     entries: list[tuple[str, str, str]] = []
     for name, f in found:
-        vid = os.path.splitext(os.path.relpath(f.path, root))[0]
+        vid = ids[f.path]
         if f.linked and first[f.key] != vid:
-            problems.append(Problem(vid, f.path, "rejected", f"the same file as {first[f.key]}, reached through a "
-                                                             f"symbolic link to a folder: converted once, as "
-                                                             f"{first[f.key]}"))
+            to = owner.get(first[f.key], first[f.key])
+            problems.append(Problem(vid, f.path, "rejected", f"the same file as {to}, reached through a symbolic "
+                                                             f"link to a folder: converted once, as {to}"))
+            continue
+        if vid in owner:
+            problems.append(Problem(vid, f.path, "rejected", f"the same file as {owner[vid]}, reached through a "
+                                                             f"symbolic link from another class's folder: "
+                                                             f"converted once, as {owner[vid]}, under its own "
+                                                             f"class"))
             continue
         entries.append((vid, f.path, name))
     if not entries:
