@@ -32,7 +32,7 @@ def test_a_rerun_to_a_url_says_already_uploaded_for_the_shards_it_skipped(tiny_s
     # Everything is there with the same content: nothing is sent, and the lines say so (before: "uploaded").
     r = run_cli(tiny_synthetic_tree, url, "--staging", staging, *ARGS)
     assert r.returncode == 0, r.stderr
-    assert _shard_lines(r.stderr) == [f"convert: already uploaded shard-0000{i} ({i + 1} of 3): its 1 file(s) are "
+    assert _shard_lines(r.stderr) == [f"convert: already uploaded shard-0000{i} ({i + 1} of 3): its 2 file(s) are "
                                       f"there with the same content" for i in range(3)]
     assert re.search(r"^upload: 0 file\(s\) uploaded, \d+ already there with the same content, 0 object\(s\) "
                      r"removed$", r.stdout, re.M), r.stdout
@@ -42,7 +42,8 @@ def test_a_rerun_to_a_url_says_already_uploaded_for_the_shards_it_skipped(tiny_s
     r = run_cli(tiny_synthetic_tree, url, "--staging", staging, *ARGS)
     assert r.returncode == 0, r.stderr
     lines = _shard_lines(r.stderr)
-    assert lines[1] == "convert: uploaded shard-00001 (2 of 3)"
+    # (its data file; the shard's index file is still there)
+    assert lines[1] == "convert: uploaded shard-00001 (2 of 3): 1 file(s); 1 already there with the same content"
     assert lines[0].startswith("convert: already uploaded shard-00000 (1 of 3)")
     assert lines[2].startswith("convert: already uploaded shard-00002 (3 of 3)")
 

@@ -79,12 +79,12 @@ class SummaryIndex:
 
     def from_small_files(self, index: int) -> bool:
         """Index a shard from the small files its backend indexes it from (kilobytes, not the bulk); False when the
-        backend has none (its records lie inside its data: indexed when the shard arrives)."""
+        shard has none (a backend without them, or a shard written before them: indexed when it arrives)."""
         files = get_backend(self.manifest.data.backend).files
-        if files.indexer is None:
-            return False
-        entry = self.manifest.shards[index]
         small = sorted(rel for rel in self.files[index] if files.is_index(rel))
+        if files.indexer is None or not small:
+            return False  # none listed (a shard written before its backend had them): indexed on arrival
+        entry = self.manifest.shards[index]
         tmp = os.path.join(self.dir, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
         os.makedirs(tmp, exist_ok=True)
         try:
