@@ -412,3 +412,23 @@ def test_a_stop_signal_during_verify_is_one_line_and_no_checker_is_left(raw_root
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing of its group is left
+
+
+def test_a_shards_records_parsed_together_equal_each_parsed_alone_and_a_damaged_one_is_named_alike():
+    """A shard's records are parsed as one JSON array at open (``VideoRecord.many_from_bytes``): the same records as
+    parsing each, and, where one is damaged (values that would join into other valid JSON included), the same one-line
+    error as parsing each alone."""
+    from convert.format import VideoRecord
+
+    records = [VideoRecord(f"v{i}", f"/videos/\u00e9{i}.mp4", i % 3, "ok", i, 2 * i) for i in range(5)]
+    raws = [r.to_bytes() for r in records]
+    assert VideoRecord.many_from_bytes(raws, "s") == [VideoRecord.from_bytes(r, "s") for r in raws] == records
+    assert VideoRecord.many_from_bytes([], "s") == []
+    for damaged in ([raws[0][:-1], b"]" + raws[1]],  # together, one valid array of another length
+                    [raws[0], raws[1][:-1] + b",", raws[2][1:]],  # together, two objects for three records
+                    [raws[0], b"\xff" + raws[1]], [raws[0], b"[1, 2]"], [raws[0], b"{"]):
+        with pytest.raises(FormatError) as alone:
+            [VideoRecord.from_bytes(r, "s") for r in damaged]
+        with pytest.raises(FormatError) as together:
+            VideoRecord.many_from_bytes(damaged, "s")
+        assert str(together.value) == str(alone.value) and "\n" not in str(together.value)

@@ -246,12 +246,13 @@ def clip_key_count(txn: lmdb.Transaction) -> int:
 
 
 def read_records(txn: lmdb.Transaction, where: str, file_size: int) -> list[VideoRecord]:
-    out = []
+    raws = []
+    limit = min(MAX_RECORD_BYTES, file_size)
     for key, value in iter_prefix(txn, DONE_PREFIX):
         # A length damaged on disk could point past the end of the file;
         # copying such a value would crash the process with SIGBUS.
-        if len(value) > min(MAX_RECORD_BYTES, file_size):
+        if len(value) > limit:
             raise FormatError(f"{where}: record {bytes(key).decode(errors='replace')} claims {len(value)} bytes "
                               f"(damaged page?)")
-        out.append(VideoRecord.from_bytes(value, where))
-    return out
+        raws.append(bytes(value))
+    return VideoRecord.many_from_bytes(raws, where)
