@@ -418,12 +418,16 @@ def test_a_shards_records_parsed_together_equal_each_parsed_alone_and_a_damaged_
     """A shard's records are parsed as one JSON array at open (``VideoRecord.many_from_bytes``): the same records as
     parsing each, and, where one is damaged (values that would join into other valid JSON included), the same one-line
     error as parsing each alone."""
+    import dataclasses
+
     from convert.format import VideoRecord
 
     records = [VideoRecord(f"v{i}", f"/videos/\u00e9{i}.mp4", i % 3, "ok", i, 2 * i) for i in range(5)]
     raws = [r.to_bytes() for r in records]
     assert VideoRecord.many_from_bytes(raws, "s") == [VideoRecord.from_bytes(r, "s") for r in raws] == records
     assert VideoRecord.many_from_bytes([], "s") == []
+    assert all(r.to_dict() == dataclasses.asdict(r) for r in records)  # spelled out: every field, in field order
+    assert all(list(r.to_dict()) == [f.name for f in dataclasses.fields(r)] for r in records)
     for damaged in ([raws[0][:-1], b"]" + raws[1]],  # together, one valid array of another length
                     [raws[0], raws[1][:-1] + b",", raws[2][1:]],  # together, two objects for three records
                     [raws[0], b"\xff" + raws[1]], [raws[0], b"[1, 2]"], [raws[0], b"{"]):

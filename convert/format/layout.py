@@ -66,9 +66,9 @@ MAX_CLIP_INDEX = 0xFFFFFFFF  # the header's uint32
 # Metadata files (manifest, plan, shard metadata and commits) are small; a larger
 # one, or one that is no regular file (a FIFO, a device), is refused unread.
 MAX_JSON_BYTES = 64 << 20
-# Except plan.json, which lists every video with its path: about a hundred bytes and a path per video, so
-# Kinetics-700 (650,000 videos) needs about 100 MB. Readers never parse it when the manifest records it (its
-# ``plan``); a job, ``verify`` of an older conversion and the cache's copy of one read it up to this.
+# Except plan.json, which lists every video with its path, so that Kinetics-700's is larger than the limit above;
+# this one leaves room for paths several times longer. Readers never parse it when the manifest records it (its
+# ``plan``); readers and ``verify`` of an older conversion, and the cache's copy of one, read it up to this.
 MAX_PLAN_BYTES = 1 << 30
 
 

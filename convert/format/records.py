@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import FormatError
@@ -27,7 +27,10 @@ class VideoRecord:
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out, not dataclasses.asdict (which deep-copies every field): a cache indexing a Kinetics-size
+        # conversion writes one per video.
+        return {"video_id": self.video_id, "path": self.path, "label": self.label, "status": self.status,
+                "clips": self.clips, "frames": self.frames, "reason": self.reason}
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()

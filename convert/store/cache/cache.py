@@ -380,9 +380,12 @@ class ShardCache:
     @cache_disk
     def summary(self, index: int) -> ShardSummary:
         """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
-        if not self.index.has(index) and not self.index.from_small_files(index):
-            self.fetch(index)
-        found = self.index.load(index)
+        found = None
+        if not self.index.has(index):
+            found = self.index.from_small_files(index)  # as saved: not parsed again
+            if found is None:
+                self.fetch(index)
+        found = found or self.index.load(index)
         if found is not None:
             return found
         # The entry was damaged: the shard itself (fetched if need be) says it again.
