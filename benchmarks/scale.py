@@ -28,9 +28,9 @@ has no file, as every real copy of Kinetics lacks some. For each N of
   one step), then the checkpoint's size and the time to load it and save it
   again;
 * opening the conversion as a URL (``file://``) through a fresh shard cache:
-  wall time, heap growth and the bytes it downloaded (the index only where
-  the backend indexes a shard from small files, TFRecord; LMDB's records lie
-  inside its data file, so its shards come whole).
+  wall time, heap growth, the shard data it downloaded (none: each shard is
+  indexed from its small index files, LMDB's ``index.json`` here) and the
+  bytes of those index files.
 
 Then the growth of each stage: the exponent of N between the smallest and
 the largest size (1 is linear), its cost per video at the largest, and a
@@ -113,14 +113,19 @@ print(json.dumps({"trainer_start_s": first[0] - t0, "checkpoint_kb": os.path.get
 
 REMOTE = HEAP + r"""
 import json, sys, time
+from convert.format.backends import get_backend
 from convert.store import CacheSettings, open_clips
 url, cache_dir = sys.argv[1], sys.argv[2]
 heap0 = heap_mb()
 t0 = time.perf_counter()
 store = open_clips(url, cache=CacheSettings(cache_dir=cache_dir))
 t1 = time.perf_counter()
+# A fresh cache indexes every shard from the small files its backend declares (where the shard has them): those.
+files = get_backend(store.manifest.data.backend).files
+index = sum(size for listed in store.cache.files for name, size in listed.items() if files.is_index(name))
 print(json.dumps({"remote_open_s": t1 - t0, "remote_heap_mb": heap_mb() - heap0,
-                  "remote_downloaded_mb": store.cache.fetched_bytes / 2**20, "remote_clips": len(store)}))
+                  "remote_downloaded_mb": store.cache.fetched_bytes / 2**20, "remote_index_mb": index / 2**20,
+                  "remote_clips": len(store)}))
 """
 
 
@@ -315,7 +320,7 @@ def measure(work: str, n: int, args: argparse.Namespace, bases: list[str], decod
 STAGES = ("plan_s", "convert_s", "convert_cpu_s", "overhead_ms_per_video", "verify_s", "open_clips_s", "dataset_s",
           "sampler_epoch_s", "trainer_start_s", "checkpoint_load_s", "checkpoint_save_s", "remote_open_s",
           "manifest.json_kb", "plan.json_kb", "report.jsonl_kb", "checkpoint_kb", "reader_rss_growth_mb",
-          "reader_heap_mb", "remote_heap_mb", "remote_downloaded_mb")
+          "reader_heap_mb", "remote_heap_mb", "remote_downloaded_mb", "remote_index_mb")
 # Kinetics' training sets (videos annotated), for the projection.
 KINETICS = {"Kinetics-400": 240_000, "Kinetics-700": 650_000}
 

@@ -192,7 +192,7 @@ def test_nothing_outside_the_model_registry_names_a_network():
 
 # The names of each backend's files (FORMAT.md, its section; a test backend's own README): only the backend's own
 # package may spell them.
-BACKEND_FILE_NAMES = {"lmdb": ("data.mdb", "lock.mdb"),
+BACKEND_FILE_NAMES = {"lmdb": ("data.mdb", "lock.mdb", "index.json"),
                       "tfrecord": (".tfrecord", ".idx", "shard.json", "complete.json"),
                       "tar": ("clips.tar",)}
 

@@ -44,6 +44,8 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
     assert [r["conversion"] for r in rows] == ["converted", "synthesised"]
     assert [r["clips"] for r in rows] == [9, 18]  # a quarter of the annotated videos have no file
     assert [r["remote_clips"] for r in rows] == [9, 18]  # the same conversion, opened as a file:// URL
+    # ... from the shards' index files alone: no shard's data downloaded at open
+    assert all(r["remote_downloaded_mb"] == 0 and r["remote_index_mb"] > 0 for r in rows)
     assert all(r[k] >= 0 for r in rows for k in STAGES)  # a tiny run may grow no RSS measurably
     assert all(r["convert_s"] > 0 and r["plan.json_kb"] > 0 for r in rows)
     assert all(r["trainer_start_s"] > 0 and r["checkpoint_kb"] > 0 and r["checkpoint_load_s"] > 0 for r in rows)

@@ -420,6 +420,54 @@ class _InjectedFaults:
             setattr(owner, name, real)
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_an_lmdb_shards_index_file_says_what_its_data_says_and_is_rewritten_the_same(tmp_path, compact):
+    """index.json (what the shard cache indexes a remote shard by) gives exactly the reader's metadata, records
+    and storage order; a finish after a kill that left the shard summarised but without it (or a rerun's) writes
+    the same bytes; forgetting a video (--retry-failed) removes it first; verify's storage check finds one that
+    differs from the data."""
+    from convert.format.lmdb import LmdbOptions, LmdbReader, LmdbWriter
+    from convert.format.lmdb.common import FILES, INDEX_FILE
+
+    opts = LmdbOptions(map_size=1 << 20, compact=compact)
+    videos = {"b": 2, "a": 1, "c": 0, "a!x": 1}
+    path = str(tmp_path / "shard")
+    summary = _write_shard(path, "lmdb", opts, videos)
+    index = os.path.join(path, INDEX_FILE)
+    first = open(index, "rb").read()
+    reader = LmdbReader(path)
+    try:
+        assert FILES.is_index(INDEX_FILE) and FILES.indexer is not None
+        assert FILES.indexer(path) == (reader.meta, reader.records(), reader.storage_order())
+        assert reader.check_storage() == []
+    finally:
+        reader.close()
+    os.remove(index)
+    assert _write_shard(path, "lmdb", opts, videos) == summary
+    assert open(index, "rb").read() == first
+    assert _write_shard(str(tmp_path / "again"), "lmdb", opts, videos) == summary
+    assert open(os.path.join(tmp_path, "again", INDEX_FILE), "rb").read() == first
+    with LmdbWriter(path=path, codec="raw", meta=_meta(), options=opts) as w:
+        w.forget_video("c")
+        assert not os.path.exists(index)
+    assert _write_shard(path, "lmdb", opts, videos) == summary
+    assert open(index, "rb").read() == first
+    d = json.loads(first)
+    d["records"] = d["records"][1:]
+    with open(index, "w") as f:
+        json.dump(d, f)
+    reader = LmdbReader(path)
+    try:
+        (problem,) = reader.check_storage()
+    finally:
+        reader.close()
+    assert problem.startswith(f"{index}: the shard's index file differs from what data.mdb holds")
+    with open(index, "w") as f:
+        f.write("[]")
+    with pytest.raises(FormatError, match=f"{index}: not a shard index"):
+        FILES.indexer(path)
+
+
 def _write_shard(path: str, backend: str, options, videos: dict[str, int]) -> dict:
     """Open (or reopen) a shard, write the ``videos`` (id -> clips) it does not hold yet, finish it."""
     writer = BACKENDS[backend].writer(path=path, codec="raw", meta=_meta(), options=options)

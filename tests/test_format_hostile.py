@@ -427,3 +427,30 @@ def test_a_video_record_without_a_stream_reads_and_is_stored_as_before_and_a_bad
     for bad in ("1", True, 1.0, -1):
         with pytest.raises(FormatError, match=r"^shard-00000: (damaged )?video record 'a/x'"):
             VideoRecord.from_dict({**old, "stream": bad}, "shard-00000")
+
+
+def test_a_shards_records_parsed_together_equal_each_parsed_alone_and_a_damaged_one_is_named_alike():
+    """A shard's records are parsed as one JSON array at open (``VideoRecord.many_from_bytes``): the same records as
+    parsing each, and, where one is damaged (values that would join into other valid JSON included), the same one-line
+    error as parsing each alone."""
+    import dataclasses
+
+    from convert.format import VideoRecord
+
+    records = [VideoRecord(f"v{i}", f"/videos/\u00e9{i}.mp4", i % 3, "ok", i, 2 * i, stream=None if i % 2 else i)
+               for i in range(5)]
+    raws = [r.to_bytes() for r in records]
+    assert VideoRecord.many_from_bytes(raws, "s") == [VideoRecord.from_bytes(r, "s") for r in raws] == records
+    assert VideoRecord.many_from_bytes([], "s") == []
+    # spelled out: every field, in field order, the stream left out where unknown
+    def fields(r):
+        return {k: v for k, v in dataclasses.asdict(r).items() if not (k == "stream" and v is None)}
+    assert all(r.to_dict() == fields(r) and list(r.to_dict()) == list(fields(r)) for r in records)
+    for damaged in ([raws[0][:-1], b"]" + raws[1]],  # together, one valid array of another length
+                    [raws[0], raws[1][:-1] + b",", raws[2][1:]],  # together, two objects for three records
+                    [raws[0], b"\xff" + raws[1]], [raws[0], b"[1, 2]"], [raws[0], b"{"]):
+        with pytest.raises(FormatError) as alone:
+            [VideoRecord.from_bytes(r, "s") for r in damaged]
+        with pytest.raises(FormatError) as together:
+            VideoRecord.many_from_bytes(damaged, "s")
+        assert str(together.value) == str(alone.value) and "\n" not in str(together.value)

@@ -111,6 +111,40 @@ def test_a_conversion_indexed_from_small_files_opens_without_downloading_its_bul
     assert store.cache.downloads() == [store.manifest.shards[0].name]
 
 
+def test_an_lmdb_conversion_opens_from_its_index_files_alone(s3_server, tiny_data, tmp_path):
+    """An LMDB shard is indexed from its index.json: opening downloads no data.mdb (the index equals what the data
+    says: the same clips in the same storage order); the first read of a clip downloads its one shard."""
+    url = s3_server.upload(tiny_data, s3_server.bucket())
+    store = open_clips(url, cache=_settings(tmp_path))
+    local = open_clips(tiny_data)
+    assert store.cache.downloads() == [] and store.cache.fetched_bytes == 0
+    assert len(store) == len(local) and np.array_equal(store.storage_order(), local.storage_order())
+    store.get(0)
+    assert store.cache.downloads() == [store.manifest.shards[0].name]
+    _same_clips(store, local)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_lmdb_conversion_without_index_files_opens_by_downloading_its_shards(s3_server, tiny_data, tmp_path,
+                                                                                version):
+    """Shards finished before LMDB shards had an index file (a version 3 manifest listing data.mdb alone, or a
+    version 2 manifest listing no files): opening indexes each shard from its data, downloaded whole."""
+    old = copy_conversion(tiny_data, str(tmp_path / "old"))
+    path = os.path.join(old, "manifest.json")
+    manifest = json.load(open(path))
+    for shard in manifest["shards"]:
+        os.remove(os.path.join(old, shard["path"], "index.json"))
+    for files in manifest["shard_files"].values():
+        files[:] = [f for f in files if f["name"] != "index.json"]
+    if version == 2:
+        manifest["format_version"] = 2
+        del manifest["shard_files"]
+    json.dump(manifest, open(path, "w"))
+    store = open_clips(s3_server.upload(old, s3_server.bucket()), cache=_settings(tmp_path))
+    assert sorted(store.cache.downloads()) == sorted(s.name for s in store.manifest.shards)
+    _same_clips(store, open_clips(tiny_data))
+
+
 @pytest.mark.parametrize("backend", with_test_backends("tfrecord"))
 def test_file_url(tiny_data, tmp_path, backend):
     local = tiny_as(backend, tiny_data)
@@ -157,8 +191,10 @@ def test_flipped_byte_lmdb(s3_server, tiny_data, tmp_path):
     offset = start + 36 + id_len + 20
     data[offset] ^= 0x40
     fs.pipe_file(key, bytes(data))
-    with pytest.raises(FormatError) as err:
-        open_clips(url, cache=_settings(tmp_path))  # the index needs every LMDB shard: caught at open
+    with pytest.raises(FormatError) as err:  # on arrival: the shard is indexed from its index file at open
+        store = open_clips(url, cache=_settings(tmp_path))
+        for i in range(len(store)):
+            store.get(i)
     assert f"{url}/{manifest['shards'][1]['path']}" in str(err.value) and "\n" not in str(err.value)
 
 

@@ -21,13 +21,13 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .codecs import Codec, get_codec
 from .errors import FormatError
-from .layout import HEADER_SIZE, ClipHeader, pack_header, plain_name
+from .layout import HEADER_SIZE, ClipHeader, file_sha256, hexdigest_of, pack_header, plain_name
 from .manifest import DATA_KEYS, ShardEntry, ShardFile
 from .records import VideoRecord
 
@@ -360,20 +360,6 @@ class ShardFiles:
         return tuple(ShardFile(name=name, bytes=os.path.getsize(os.path.join(folder, name)),
                                sha256=file_sha256(os.path.join(folder, name)))
                      for name in sorted(os.listdir(folder)) if self.is_data(name))
-
-
-def hexdigest_of(f: BinaryIO, h: Any) -> str:
-    """The hex digest of everything left to read in binary file ``f``, fed to hashlib object ``h`` a block at a
-    time (a shard's file, a local file or a remote object: never read whole into memory)."""
-    for block in iter(lambda: f.read(1 << 20), b""):
-        h.update(block)
-    return h.hexdigest()
-
-
-def file_sha256(path: str) -> str:
-    """SHA-256 of file ``path``'s bytes, as 64 lowercase hex digits."""
-    with open(path, "rb") as f:
-        return hexdigest_of(f, hashlib.sha256())
 
 
 def _matches(patterns: tuple[str, ...], name: str) -> bool:

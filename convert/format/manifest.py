@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -26,9 +27,11 @@ from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    MAX_PLAN_BYTES,
     PLAN,
     READABLE_MANIFEST_VERSIONS,
     SHARD_DIR,
+    file_sha256,
     plain_name,
     read_json_file,
     relative_path,
@@ -279,6 +282,42 @@ def _check_distinct(shards: tuple[ShardEntry, ...], where: str) -> None:
             raise FormatError(f"{where}: shard path {_short(b[:-1])} lies inside (or is) shard path {_short(a[:-1])}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlanRecord:
+    """What the manifest records of the plan.json it was written from (FORMAT.md, *manifest.json*, ``plan``): its
+    size and SHA-256, and the names of the shards it made, in order. A reader checks the manifest against the plan
+    with these (``check_plan``) without parsing plan.json, which lists every video."""
+
+    bytes: int
+    sha256: str
+    shards: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0 or not _HEX64.fullmatch(self.sha256):
+            raise ValueError(f"plan record: {self.bytes} bytes, sha256 {self.sha256!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "sha256": self.sha256, "shards": list(self.shards)}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> PlanRecord:
+        w = f"{where}: plan"
+        if not isinstance(d, dict):
+            raise FormatError(f"{w} is {_short(d)}, expected an object")
+        sha = _get(d, "sha256", str, w)
+        if not _HEX64.fullmatch(sha):
+            raise FormatError(f"{w}: sha256 {_short(sha)} is not 64 lowercase hex digits")
+        names = _get(d, "shards", list, w)
+        if not all(isinstance(n, str) for n in names):
+            raise FormatError(f"{w}: shards must be a list of shard names (strings)")
+        return cls(bytes=_count(d, "bytes", w), sha256=sha, shards=tuple(names))  # type: ignore[arg-type]
+
+    @classmethod
+    def of_file(cls, path: str, shards: Sequence[str]) -> PlanRecord:
+        """The record of the plan at ``path`` that made ``shards`` (OSError as it comes)."""
+        return cls(bytes=os.path.getsize(path), sha256=file_sha256(path), shards=tuple(shards))
+
+
 @dataclass(frozen=True)
 class Totals:
     """Counts summed over the shards."""
@@ -303,6 +342,7 @@ class Manifest:
     source: dict[str, Any]
     created: str
     fingerprint: str | None = None  # content_fingerprint; None for a conversion written before it was recorded
+    plan: PlanRecord | None = None  # None for a conversion written before it was recorded, or without a plan
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -318,7 +358,8 @@ class Manifest:
                 "num_classes": self.num_classes, "shards": [s.to_dict() for s in self.shards],
                 "totals": self.totals.to_dict(), "status_counts": dict(self.status_counts),
                 "source": dict(self.source), "created": self.created, **self._files_dict(),
-                **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {})}
+                **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {}),
+                **({"plan": self.plan.to_dict()} if self.plan is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Manifest:
@@ -347,9 +388,10 @@ class Manifest:
         fingerprint = d.get("fingerprint")
         if fingerprint is not None and not (isinstance(fingerprint, str) and _HEX64.fullmatch(fingerprint)):
             raise FormatError(f"{where}: fingerprint {_short(fingerprint)} is not 64 lowercase hex digits")
+        plan = PlanRecord.from_dict(d["plan"], where) if d.get("plan") is not None else None
         return cls(format_version=version, data=data, shards=shards, totals=totals, status_counts=dict(counts),
                    source=dict(_get(d, "source", dict, where)), created=_get(d, "created", str, where),
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, plan=plan)
 
     def _files_dict(self) -> dict[str, Any]:
         """``shard_files`` as written (version 3): each shard's files by its name, in the shards' order."""
@@ -412,16 +454,29 @@ def check_shard_meta(meta: dict | None, manifest: Manifest, index: int, where: s
                           f"lists {len(manifest.shards)} (shards dropped from the manifest?)")
 
 
-def check_plan(root: str, manifest: Manifest) -> None:
-    """The manifest must list every shard the plan made, in the plan's order (when plan.json is there)."""
+def check_plan(root: str, manifest: Manifest, *, digest: bool = False) -> None:
+    """The manifest must list every shard the plan made, in the plan's order (when plan.json is there).
+
+    A manifest that records its plan (``Manifest.plan``) is checked without
+    parsing plan.json: the file's size must be the one recorded (one
+    ``stat``: a plan rewritten since, say by a rerun adding videos that was
+    stopped before its new manifest, has other shards and so another size),
+    with ``digest`` its SHA-256 too (``verify``), and the shards recorded
+    must be those the manifest lists. An older manifest is checked against
+    the parsed plan.
+    """
     path = os.path.join(root, PLAN)
     if not os.path.lexists(path):
         return
-    plan = read_json_file(path, "plan")
-    try:
-        planned = [s["name"] for s in plan["shards"]]
-    except (KeyError, TypeError) as exc:
-        raise FormatError(f"{path}: not a readable plan: {type(exc).__name__}: {exc}") from exc
+    if manifest.plan is not None:
+        planned = list(manifest.plan.shards)
+        _same_plan(path, manifest.plan, digest=digest)
+    else:
+        plan = read_json_file(path, "plan", limit=MAX_PLAN_BYTES)
+        try:
+            planned = [s["name"] for s in plan["shards"]]
+        except (KeyError, TypeError) as exc:
+            raise FormatError(f"{path}: not a readable plan: {type(exc).__name__}: {exc}") from exc
     listed = [s.name for s in manifest.shards]
     if listed != planned:
         missing = [n for n in planned if n not in listed]
@@ -429,6 +484,23 @@ def check_plan(root: str, manifest: Manifest) -> None:
         raise FormatError(f"{os.path.join(root, MANIFEST)}: the plan has {len(planned)} shards, the manifest {what}")
 
 
-__all__ = ["DATA_KEYS", "FINGERPRINT_FIELDS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "ShardEntry",
-           "ShardFile",
+def _same_plan(path: str, recorded: PlanRecord, *, digest: bool) -> None:
+    """FormatError naming ``path`` when the plan there is not the one the manifest recorded."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{path}: the plan is not a regular file")
+        size = st.st_size
+        sha = file_sha256(path) if digest and size == recorded.bytes else None
+    except OSError as exc:
+        raise FormatError(f"{path}: reading the plan failed: {exc.strerror}") from None
+    if size != recorded.bytes or (sha is not None and sha != recorded.sha256):
+        what = f"{size} bytes, the manifest's plan {recorded.bytes}" if size != recorded.bytes else \
+            "its SHA-256 differs from the manifest's record of it"
+        raise FormatError(f"{path}: the plan changed since the manifest was written ({what}): a rerun of the job "
+                          f"stopped before its new manifest? run it again to finish")
+
+
+__all__ = ["DATA_KEYS", "FINGERPRINT_FIELDS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "PlanRecord",
+           "ShardEntry", "ShardFile",
            "Totals", "check_plan", "check_shard_meta", "content_fingerprint", "read_manifest", "shard_meta"]

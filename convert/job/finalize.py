@@ -8,11 +8,11 @@ import time
 from collections import Counter
 from dataclasses import asdict
 
-from ..format import MANIFEST, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend
+from ..format import MANIFEST, PLAN, REPORT, SUMMARY_KEYS, Manifest, ShardEntry, get_backend, shard_name
 from ..format.base import CONTENT_KEY
 from ..format.errors import storing
 from ..format.layout import MANIFEST_VERSION, write_json_atomic
-from ..format.manifest import Totals, content_fingerprint
+from ..format.manifest import PlanRecord, Totals, content_fingerprint
 from ..worker.plan import Plan
 
 
@@ -56,8 +56,13 @@ def finalize(out: str, plan: Plan, summaries: list[dict]) -> Manifest:
     contents = [c for c in (s.extras.get(CONTENT_KEY) for s in shards) if isinstance(c, str)]
     # A shard finished by an earlier release has no content sum: the conversion then has no fingerprint.
     fingerprint = content_fingerprint(data, contents) if len(contents) == len(shards) else None
+    plan_path = os.path.join(out, PLAN)
+    with storing("reading", plan_path):
+        # What readers check the manifest against instead of parsing the plan (check_plan).
+        recorded = (PlanRecord.of_file(plan_path, [shard_name(i) for i in range(len(plan.shards))])
+                    if os.path.exists(plan_path) else None)
     manifest = Manifest(
-        format_version=MANIFEST_VERSION, data=data, shards=tuple(shards), fingerprint=fingerprint,
+        format_version=MANIFEST_VERSION, data=data, shards=tuple(shards), fingerprint=fingerprint, plan=recorded,
         totals=Totals(videos=sum(s.videos for s in shards), clips=sum(s.clips for s in shards),
                       value_bytes=sum(s.value_bytes for s in shards)),
         status_counts=dict(sorted(statuses.items())), source=dict(plan.source),

@@ -202,7 +202,7 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
         return [str(exc)], {}
     problems: list[str] = []
     try:
-        check_plan(out, manifest)
+        check_plan(out, manifest, digest=True)
     except FormatError as exc:
         problems.append(str(exc))
     tasks = [(meta.name, _task(manifest.shard_path(out, i), i, manifest, decode))

@@ -6,19 +6,24 @@ Keys (bytes, main database; FORMAT.md, *LMDB shards*):
   ``m/shard``                                        the shard's metadata (JSON)
   ``m/order``                                        ids of the videos with clips, in the order their values lie
   ``m/complete``                                     the summary, once the shard is finished
+
+and beside ``data.mdb``, ``index.json``: the metadata, records and order again, for indexing without the data.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
+from typing import Any
 
 import lmdb
 
-from ..base import ShardFiles
+from ..base import ShardFiles, ShardIndex
 from ..errors import FormatError
-from ..records import MAX_RECORD_BYTES, VideoRecord
+from ..layout import read_json_file
+from ..records import MAX_RECORD_BYTES, VideoRecord, sort_records
 
 CLIP_PREFIX = b"c/"
 DONE_PREFIX = b"m/done/"
@@ -27,9 +32,46 @@ COMPLETE_KEY = b"m/complete"
 ORDER_KEY = b"m/order"
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
-# The shard is its one data file: records and metadata lie inside it, so indexing needs the whole shard. The lock
-# file is LMDB's own (readers open without it).
-FILES = ShardFiles(data=(re.escape(DATA_FILE),), scratch=(re.escape(LOCK_FILE),))
+INDEX_FILE = "index.json"
+
+
+def index_object(meta: Any, records: list[VideoRecord], order: Any) -> dict[str, Any]:
+    """The JSON object of a shard's index file (FORMAT.md, *LMDB shards*): written with sorted keys and no spaces,
+    so the same shard always gives the same bytes."""
+    return {"meta": meta, "records": [r.to_dict() for r in records], "order": order}
+
+
+INDEX_DUMP: dict[str, Any] = {"sort_keys": True, "separators": (",", ":")}
+
+
+def index_bytes(meta: Any, records: list[VideoRecord], order: Any) -> bytes:
+    """The bytes of a shard's index file (``index_object``), as the writer writes them."""
+    return json.dumps(index_object(meta, records, order), **INDEX_DUMP).encode()
+
+
+def shard_index(path: str) -> ShardIndex:
+    """(metadata, video records in reading order, storage order) of the shard at ``path`` from its index file
+    alone, without ``data.mdb``: what the shard cache indexes a remote shard by before downloading its data.
+    FormatError naming the file when it is not one (``verify`` compares it with the data)."""
+    where = os.path.join(path, INDEX_FILE)
+    d = read_json_file(where, "shard index")
+    if not isinstance(d, dict) or not isinstance(d.get("records"), list):
+        raise FormatError(f"{where}: not a shard index (an object with meta, records and order)")
+    order = d.get("order")
+    if order is not None and not (isinstance(order, list) and all(isinstance(v, str) for v in order)):
+        raise FormatError(f"{where}: order is not a list of video ids")
+    records = [VideoRecord.from_dict(r, where) for r in d["records"]]
+    if sort_records(records) != records:
+        raise FormatError(f"{where}: the records are not in reading order")
+    meta = d.get("meta")
+    return (meta if isinstance(meta, dict) else None), records, order
+
+
+# Records and metadata lie inside the data file; the index file repeats them (written when the shard is finished),
+# so a shard is indexed without its bulk. The lock file is LMDB's own (readers open without it), and the index
+# file's temporary the writer's.
+FILES = ShardFiles(data=(re.escape(DATA_FILE), re.escape(INDEX_FILE)), index=(re.escape(INDEX_FILE),),
+                   scratch=(re.escape(LOCK_FILE), re.escape(INDEX_FILE) + r"\.tmp\.\d+"), indexer=shard_index)
 
 
 
@@ -204,12 +246,13 @@ def clip_key_count(txn: lmdb.Transaction) -> int:
 
 
 def read_records(txn: lmdb.Transaction, where: str, file_size: int) -> list[VideoRecord]:
-    out = []
+    raws = []
+    limit = min(MAX_RECORD_BYTES, file_size)
     for key, value in iter_prefix(txn, DONE_PREFIX):
         # A length damaged on disk could point past the end of the file;
         # copying such a value would crash the process with SIGBUS.
-        if len(value) > min(MAX_RECORD_BYTES, file_size):
+        if len(value) > limit:
             raise FormatError(f"{where}: record {bytes(key).decode(errors='replace')} claims {len(value)} bytes "
                               f"(damaged page?)")
-        out.append(VideoRecord.from_bytes(value, where))
-    return out
+        raws.append(bytes(value))
+    return VideoRecord.many_from_bytes(raws, where)

@@ -17,10 +17,12 @@ from .common import (
     COMPLETE_KEY,
     DATA_FILE,
     HANDLES,
+    INDEX_FILE,
     ORDER_KEY,
     SHARD_KEY,
     clip_key,
     clip_key_count,
+    index_bytes,
     read_records,
 )
 
@@ -151,8 +153,23 @@ class LmdbReader(ShardReader):
             return clip_key_count(txn)
 
     def check_storage(self) -> list[str]:
-        held, stored = sum(r.clips for r in self.records()), self.clip_keys()
-        return [] if held == stored else [f"{self.path}: video records count {held} clips, shard holds {stored}"]
+        records = self.records()
+        held, stored = sum(r.clips for r in records), self.clip_keys()
+        problems = [] if held == stored else [f"{self.path}: video records count {held} clips, shard holds {stored}"]
+        # The index file (absent in shards written before it) must say what the data says: a remote shard is
+        # indexed from it alone.
+        index = os.path.join(self.path, INDEX_FILE)
+        if os.path.lexists(index):
+            try:
+                with open(index, "rb") as f:
+                    same = f.read() == index_bytes(self._meta, records, self._order)
+            except OSError as exc:
+                problems.append(f"{index}: cannot be read: {exc.strerror}")
+            else:
+                if not same:
+                    problems.append(f"{index}: the shard's index file differs from what data.mdb holds (metadata, "
+                                    f"video records, storage order)")
+        return problems
 
     def where(self, video_id: str, clip_index: int) -> str:
         return f"{self.path}: {clip_key(video_id, clip_index).decode(errors='replace')}"

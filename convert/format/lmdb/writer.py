@@ -20,18 +20,21 @@ import numpy as np
 
 from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_headers
 from ..errors import ShardDamaged, StoreError, StoreFullError, make_folder, store_error, storing
-from ..layout import header_len
+from ..layout import header_len, write_json_atomic
 from ..records import VideoRecord
 from .common import (
     CLIP_PREFIX,
     COMPLETE_KEY,
     DATA_FILE,
+    INDEX_DUMP,
+    INDEX_FILE,
     ORDER_KEY,
     SHARD_KEY,
     ShardTruncated,
     clip_key,
     clip_key_count,
     done_key,
+    index_object,
     iter_prefix,
     open_checked,
     read_records,
@@ -238,6 +241,8 @@ class LmdbWriter(ShardWriter):
 
     @_machine("forgetting a video in")
     def forget_video(self, video_id: str) -> None:
+        # The index file first: a kill between the two leaves the shard as it was, without it (finish writes it).
+        self._drop_index()
         with self._write(f"forgetting {video_id} in") as txn:
             txn.delete(COMPLETE_KEY)
             txn.delete(ORDER_KEY)
@@ -302,7 +307,25 @@ class LmdbWriter(ShardWriter):
             self.compact()
         else:
             self._trim()
+        self._write_index()
         return summary
+
+    def _write_index(self) -> None:
+        """The shard's index file (FORMAT.md, *LMDB shards*), from what the finished shard holds, replaced atomically:
+        written after any compaction (which rewrites the folder), and again by a rerun's ``finish`` after a kill,
+        with the same bytes."""
+        with self.env.begin(buffers=True) as txn:
+            raw_meta, raw_order = txn.get(SHARD_KEY), txn.get(ORDER_KEY)
+            records = read_records(txn, self.path, self._file_size())
+            meta = json.loads(bytes(raw_meta)) if raw_meta is not None else None
+            order = json.loads(bytes(raw_order)) if raw_order is not None else None
+        write_json_atomic(os.path.join(self.path, INDEX_FILE), index_object(meta, records, order), **INDEX_DUMP)
+
+    def _drop_index(self) -> None:
+        path = os.path.join(self.path, INDEX_FILE)
+        with storing("removing", path):
+            if os.path.lexists(path):
+                os.remove(path)
 
     def _sync(self) -> None:
         try:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection
 
 from convert.format.backends import get_backend
 from convert.format.errors import FormatError, ShardMissing, device_room
-from convert.format.layout import MANIFEST, MAX_JSON_BYTES, PLAN, inside
+from convert.format.layout import MANIFEST, MAX_PLAN_BYTES, PLAN, inside
 from convert.format.records import sort_records
 
 from ..remote import Remote, check_url, read_remote_manifest
@@ -130,16 +130,28 @@ class ShardCache:
                     full = os.path.join(self.dir, name)
                     shutil.rmtree(full) if os.path.isdir(full) else os.unlink(full)
             os.makedirs(os.path.join(self.dir, INDEX_DIR), exist_ok=True)
-        try:
-            plan = self.remote.read_bytes(PLAN, limit=MAX_JSON_BYTES)  # a longer one is refused when checked
-        except ShardMissing:
-            plan = None  # plan.json is optional (FORMAT.md)
-        if plan is not None:
-            write_atomic(os.path.join(self.dir, PLAN), plan)
+        if self.manifest.plan is None:
+            # An older conversion's manifest does not record its plan: readers check it against the plan itself.
+            # One that does needs no copy to be read (only ``verify``, ``mirror_plan``).
+            self._copy_plan()
         if old != raw:
             write_atomic(path, raw)
         if self._mirrored() != self.generation:
             write_atomic(os.path.join(self.dir, GENERATION), self.generation.encode())
+
+    def _copy_plan(self) -> None:
+        """plan.json into the mirror, when the URL has one (it is optional, FORMAT.md)."""
+        try:
+            plan = self.remote.read_bytes(PLAN, limit=MAX_PLAN_BYTES)  # a longer one is refused when checked
+        except ShardMissing:
+            return
+        write_atomic(os.path.join(self.dir, PLAN), plan)
+
+    @cache_disk
+    def mirror_plan(self) -> None:
+        """Copy the URL's plan.json into the mirror (what ``verify`` checks the manifest against)."""
+        with flock(os.path.join(self.dir, CACHE_LOCK), fcntl.LOCK_EX):
+            self._copy_plan()
 
     def _mirrored(self) -> str | None:
         """The checksum of the manifest the mirror holds shards of now (None before the first)."""
@@ -368,9 +380,12 @@ class ShardCache:
     @cache_disk
     def summary(self, index: int) -> ShardSummary:
         """Shard ``index``'s metadata and video records: from the cache's index, else fetched (and indexed)."""
-        if not self.index.has(index) and not self.index.from_small_files(index):
-            self.fetch(index)
-        found = self.index.load(index)
+        found = None
+        if not self.index.has(index):
+            found = self.index.from_small_files(index)  # as saved: not parsed again
+            if found is None:
+                self.fetch(index)
+        found = found or self.index.load(index)
         if found is not None:
             return found
         # The entry was damaged: the shard itself (fetched if need be) says it again.

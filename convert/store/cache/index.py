@@ -77,14 +77,15 @@ class SummaryIndex:
                 os.unlink(path)
             return None
 
-    def from_small_files(self, index: int) -> bool:
+    def from_small_files(self, index: int) -> ShardSummary | None:
         """Index a shard from the small files its backend indexes it from (kilobytes, not the bulk); False when the
-        backend has none (its records lie inside its data: indexed when the shard arrives)."""
+        shard has none (a backend without them, or a shard written before them: indexed when it arrives); the
+        summary saved otherwise."""
         files = get_backend(self.manifest.data.backend).files
-        if files.indexer is None:
-            return False
-        entry = self.manifest.shards[index]
         small = sorted(rel for rel in self.files[index] if files.is_index(rel))
+        if files.indexer is None or not small:
+            return None  # none listed (a shard written before its backend had them): indexed on arrival
+        entry = self.manifest.shards[index]
         tmp = os.path.join(self.dir, f".tmp-{entry.name}-{os.getpid()}-{threading.get_ident()}")
         os.makedirs(tmp, exist_ok=True)
         try:
@@ -96,8 +97,9 @@ class SummaryIndex:
             raise FormatError(str(exc).replace(tmp, self.urls[index])) from exc
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        self.save(index, ShardSummary(meta, records, order, self.sizes[index]))
-        return True
+        summary = ShardSummary(meta, records, order, self.sizes[index])
+        self.save(index, summary)
+        return summary
 
 
 def sweep_index(mirror: str) -> None:

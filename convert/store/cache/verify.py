@@ -32,7 +32,8 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
     manifest = sc.manifest
     problems: list[str] = []
     try:
-        check_plan(sc.dir, manifest)  # the mirror holds the URL's plan.json, when there is one
+        sc.mirror_plan()
+        check_plan(sc.dir, manifest, digest=True)  # the mirror holds the URL's plan.json, when there is one
     except FormatError as exc:
         problems.append(str(exc).replace(sc.dir, sc.url))
     # As many shards at once as there are workers and the cache holds.
