@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from convert.argtypes import OneLineParser
+from convert.format.options import OneLineParser, settings
 
 from . import checkpoint as ckpt_io
 from . import dist
@@ -45,7 +45,6 @@ from .errors import TrainError
 from .main import eval_line, model_options, save_eval, torch_threads
 from .metrics import SCORES
 from .models import build_model, strip_prefixes
-from .options import settings
 from .readerrors import reading
 from .workers import end_workers_at_exit
 
@@ -59,15 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): its newest intact "
                         "checkpoint")
     p.add_argument("--data", required=True, metavar="OUT", help="conversion to evaluate on (same class list)")
-    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop (default); 10x3: --eval-clips "
+    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop; 10x3: --eval-clips "
                                              "uniformly spaced clips x 3 crops per video")
-    declared["eval_clips"].add_to(p, help="clips per video with 10x3 (default 10)")
+    declared["eval_clips"].add_to(p, help="clips per video with 10x3")
     p.add_argument("--out", default=None, help="folder for eval/NAME.json (default: the checkpoint's folder)")
     p.add_argument("--export", metavar="FILE", default=None,
                    help="also write per-video scores and mean video features (C3D: fc6/fc7) to this .npz")
-    declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch (default 16)")
+    declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch")
     declared["loader"].add_to(p, choices=("threads", "processes"),
-                              help="reader threads in this process (default) or DataLoader worker processes")
+                              help="threads: reader threads in this process; processes: DataLoader worker processes")
     declared["workers"].add_to(p, help="reader threads or worker processes (default: as the trainer's, from this "
                                        "machine's cores)")
     declared["verify_data"].add_to(p, help="check every clip's CRC-32 as it is read")
