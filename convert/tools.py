@@ -253,8 +253,8 @@ def print_against(result: dict, csv_path: str) -> None:
         print(f"  {result['not_annotated']} converted videos are not in the list")
 
 
-def main(argv: list[str]) -> int:
-    cmd, rest = argv[0], argv[1:]
+def build_parser(cmd: str) -> OneLineParser:
+    """The parser of sub-command ``cmd`` (``verify``, ``inspect`` or ``demo``), from the options' declarations."""
     p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
     if cmd == "verify":
         p.description = ("Reopen every shard, check counts and checksums against the manifest, decode every value. "
@@ -262,7 +262,23 @@ def main(argv: list[str]) -> int:
                          "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
         _cache_options(p)
-        args = p.parse_args(rest)
+    elif cmd == "inspect":
+        p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
+        p.add_argument("out", metavar="OUT")
+        add_options(p, InspectOptions)
+        _cache_options(p)
+    elif cmd == "demo":
+        p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
+        add_options(p, DemoOptions)
+    else:  # pragma: no cover - cli routes only known names
+        raise ValueError(f"no sub-command {cmd!r}")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    cmd, rest = argv[0], argv[1:]
+    args = build_parser(cmd).parse_args(rest)
+    if cmd == "verify":
         if _usable_out("verify", args.out) is None:
             return 2
         try:
@@ -284,13 +300,8 @@ def main(argv: list[str]) -> int:
         print(f"{args.out}: ok ({counts['shards']} shards, {counts['videos']} videos, {counts['clips']} clips)")
         return 0
     if cmd == "inspect":
-        p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
-        p.add_argument("out", metavar="OUT")
-        add_options(p, InspectOptions)
-        _cache_options(p)
-        args = p.parse_args(rest)
         if args.split is not None and args.against is None:
-            p.error("--split compares with an annotation list: give --against CSV")
+            build_parser(cmd).error("--split compares with an annotation list: give --against CSV")
         manifest = _usable_out("inspect", args.out)
         if manifest is None:
             return 2
@@ -335,8 +346,5 @@ def main(argv: list[str]) -> int:
             print(f"contact sheet: {args.sheet}")
         return 0
     if cmd == "demo":
-        p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
-        add_options(p, DemoOptions)
-        args = p.parse_args(rest)
         return demo(args.out, per_class=args.per_class, seconds=args.seconds, workers=args.workers, codec=args.codec)
     raise AssertionError(cmd)  # pragma: no cover - cli routes only known names

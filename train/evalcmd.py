@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from convert.format.options import OneLineParser, settings
+from convert.format.options import OneLineParser, add_options, option, settings
 
 from . import checkpoint as ckpt_io
 from . import dist
@@ -49,21 +49,27 @@ from .readerrors import reading
 from .workers import end_workers_at_exit
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """The options of ``python -m train eval`` that are no setting of a run (those are ``TrainConfig``'s)."""
+
+    checkpoint: str = option("evaluation", "a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): "
+                                           "its newest intact checkpoint", metavar="CKPT", required=True)
+    data: str = option("evaluation", "conversion to evaluate on (same class list)", metavar="OUT", required=True)
+    out: str | None = option("evaluation", "folder for eval/NAME.json (without it: the checkpoint's folder)")
+    export: str | None = option("evaluation", "also write per-video scores and mean video features (C3D: fc6/fc7) "
+                                              "to this .npz", metavar="FILE")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python -m train eval``'s options; those that are settings of a run are checked as the trainer's are."""
     p = OneLineParser(raise_as=TrainError, prog="python -m train eval", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(p, EvalOptions)
     declared = settings(TrainConfig)
-    p.add_argument("--checkpoint", required=True, metavar="CKPT",
-                   help="a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): its newest intact "
-                        "checkpoint")
-    p.add_argument("--data", required=True, metavar="OUT", help="conversion to evaluate on (same class list)")
     declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop; 10x3: --eval-clips "
                                              "uniformly spaced clips x 3 crops per video")
     declared["eval_clips"].add_to(p, help="clips per video with 10x3")
-    p.add_argument("--out", default=None, help="folder for eval/NAME.json (default: the checkpoint's folder)")
-    p.add_argument("--export", metavar="FILE", default=None,
-                   help="also write per-video scores and mean video features (C3D: fc6/fc7) to this .npz")
     declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch")
     declared["loader"].add_to(p, choices=("threads", "processes"),
                               help="threads: reader threads in this process; processes: DataLoader worker processes")
