@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from convert.format.options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
+from convert.store.cache import DEFAULT_FRACTION, CacheSettings
 from loaders.dali.sharding import epoch_steps
 from loaders.sampler import ORDERS
 
@@ -48,6 +49,7 @@ EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("nccl", "gloo")
 
+CACHE_SHARE = round(DEFAULT_FRACTION * 100)  # per cent of its disk's free space a shard cache holds by default
 # The argument groups of python -m train --help.
 DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
 # How --resume compares a setting with the checkpoint's (convert.format.options.RESUME_RULES), by short names: SHAPE
@@ -87,8 +89,9 @@ class TrainConfig:
               "$XDG_CACHE_HOME/videoclips, i.e. ~/.cache/videoclips)", metavar="DIR", added_later=None,
         on_resume=FREE)
     cache_limit: int | None = option(
-        DATA, "bytes the shard cache may hold (default 80%% of its disk's free space); refused when smaller "
-              "than the largest shard times 1 + the prefetch (2 shards; with --order shards, --order-shards if "
+        DATA, f"bytes the shard cache may hold (without it: {CACHE_SHARE}%% of its disk's free space); refused "
+              f"when smaller than the largest shard times 1 + the prefetch ({CacheSettings.prefetch} shards; with "
+              "--order shards, --order-shards if "
               "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards; "
               "bytes, or with a unit: 200G, 512M", ge=1, byte_count=True, metavar="BYTES", added_later=None,
         on_resume=FREE)
