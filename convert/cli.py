@@ -9,146 +9,58 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import errno
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from .argtypes import MAX_BYTES, OneLineParser, byte_count, number, parse_bytes, parse_short_side, parse_size, whole
-from .format import BACKENDS, WRITE_CODECS, StoreError
-from .format.layout import MAX_CLIP_INDEX
+from .format import BACKENDS, StoreError
+from .format.options import OneLineParser, Setting, add_options, settings
 from .job.childproc import Stopped
 from .job.progress import line_interval
 from .job.summary import print_summary
 from .job.supervise import ShardFailed, ShardOptions
-from .options import MAX_DECODE_THREADS, MAX_RETRIES, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS, MIN_MEMORY, JobOptions
+from .options import RUNNING, ConvertOptions, JobOptions
 from .signals import STOP_SIGNALS, take_stop_signals
 from .store.remote import Remote, RemoteError, check_url, is_url
-from .worker.clips import SHORT_POLICIES
-from .worker.plan import DAMAGE_POLICIES, ConvertConfig, PlanError
+from .worker.plan import ConvertConfig, PlanError
 from .worker.sources import SourceError, split_problem
 
 SUBCOMMANDS = ("verify", "inspect", "demo")
 
-MAX_FRAMES = MAX_CLIP_INDEX  # clip indices and start frames are uint32 in every clip header
-
 
 def add_convert_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("source")
-    g.add_argument("--videos", metavar="DIR", help="video root for a CSV or list file (a CSV needs it; a list "
-                   "file defaults to its own folder). Entries are checked lexically, after normalising '..': "
-                   "one that leaves the root is rejected; symlinks inside the root are followed wherever they "
-                   "point, by design")
-    g.add_argument("--split", help="CSV only (refused with another SRC): keep rows whose 'split' column equals this "
-                                   "(train, val, test)")
-    g.add_argument("--classes", metavar="FILE", dest="classes_file",
-                   help="class names, one per line, fixing label order (default: the sorted labels of every row "
-                   "of a CSV, all splits; of the entries found otherwise)")
-    g.add_argument("--add-new", action="store_true",
-                   help="rerun only: convert the videos the source holds but the plan lacks (added since the "
-                        "first run) into new shards; the existing shards are kept byte for byte (--shards then "
-                        "sets how many new shards)")
-    g = p.add_argument_group("output")
-    g.add_argument("--backend", default="lmdb", choices=list(BACKENDS),
-                   help="shard store: " + "; ".join(f"{b.name} ({b.summary})" for b in BACKENDS.values())
-                        + "; default lmdb")
-    g.add_argument("--codec", default="raw", choices=list(WRITE_CODECS),
-                   help="clip payload: " + "; ".join(f"{name} ({codec.summary})"
-                                                     for name, codec in WRITE_CODECS.items()) + "; default raw")
-    size = g.add_mutually_exclusive_group()
-    size.add_argument("--size", type=parse_size, default=None, metavar="HxW",
-                      help="resize every frame to H x W (default 128x171, the C3D input before cropping)")
-    size.add_argument("--short-side", type=parse_short_side, metavar="S",
-                      help="resize so the shorter side is S, keeping aspect")
-    g.add_argument("--fps", type=number(0, 1000, above=True),
-                   help="resample to this frame rate by timestamps (default: keep every frame)")
-    g.add_argument("--clip-len", type=whole(1, 65535), default=16, help="frames per clip (default 16)")
-    g.add_argument("--stride", type=whole(1, 65535), default=1, help="take every Nth frame inside a clip (default 1)")
-    g.add_argument("--step", type=whole(1, MAX_FRAMES),
-                   help="frames between clip starts (default clip-len x stride: no overlap)")
-    g.add_argument("--max-clips", type=whole(1, MAX_FRAMES), help="at most this many clips per video (the first ones)")
-    g.add_argument("--short", default="skip", choices=SHORT_POLICIES,
-                   help="a video shorter than one clip: skip it, loop it, or repeat its last frame (default skip)")
-    g.add_argument("--on-damage", default="keep", choices=DAMAGE_POLICIES,
-                   help="a video that breaks part-way: keep the clips before the damage, or skip it (default keep)")
-    g = p.add_argument_group("running")
-    g.add_argument("--workers", type=whole(0, MAX_WORKERS), default=0,
-                   help="parallel shard processes (default: every core)")
-    g.add_argument("--shards", type=whole(1, MAX_SHARDS),
-                   help="number of shards (default: 2 per worker, at most 1000 videos each); fixed at the first run")
-    g.add_argument("--video-timeout", type=number(0, MAX_TIMEOUT, "of seconds", above=True), default=300.0,
-                   help="seconds one video's decoding may take before its decoder is killed and the video recorded "
-                        "(default 300; the time the video takes outside its decoder is not counted)")
-    g.add_argument("--retries", type=whole(0, MAX_RETRIES), default=1,
-                   help="retries of a video whose decoder crashed or hung (default 1)")
-    g.add_argument("--retry-failed", action="store_true",
-                   help="rerun only: convert again the videos recorded as failed (report.jsonl), finished job "
-                        "or not; a video's record is replaced by the new attempt's")
-    g.add_argument("--decode-threads", type=whole(0, MAX_DECODE_THREADS), default=1,
-                   help="FFmpeg threads per video (default 1: one process per core is faster; 0 = FFmpeg decides)")
-    add_store_options(g)
-    g.add_argument("--max-memory", type=byte_count(MIN_MEMORY), metavar="BYTES",
-                   help="heap limit per shard process, e.g. 4G: a video that needs more is recorded as failed "
-                        "instead of calling the OOM killer (default: no limit)")
-    g.add_argument("--dask", metavar="ADDRESS", help="run shards on a Dask cluster (scheduler address, or 'local'); "
-                   "OUT must be on storage every Dask worker sees")
-    g.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (on a terminal), no progress line every minute (written to a log or a pipe)")
-    g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    """Every option of ``python -m convert SRC OUT``: those declared on ``ConvertOptions``, then the backends'."""
+    groups = add_options(p, ConvertOptions)
+    add_store_options(groups[RUNNING])
 
 
-def store_flags() -> dict[str, tuple[str, dataclasses.Field]]:
-    """Every backend's writing options as ``{argparse dest: (backend name, its field)}``, from their declarations."""
-    return {f"store_{name}_{f.name}": (name, f) for name, backend in BACKENDS.items()
-            for f in dataclasses.fields(backend.options)}
-
-
-def store_value_type(backend: str, f: dataclasses.Field) -> Callable[[str], Any]:
-    """The argparse type of a backend's valued option: parsed, then checked by the backend's options dataclass.
-
-    The dataclass holds the rule (its ``__post_init__``); asking it here makes a value it refuses a
-    usage error of the flag, before any work.
-    """
-    read = parse_bytes if f.metadata.get("parse") == "bytes" else whole(-MAX_BYTES, MAX_BYTES)
-
-    def parse(text: str) -> Any:
-        value = read(text)
-        try:
-            BACKENDS[backend].make_options({f.name: value})
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return value
-
-    parse.__name__ = f.name
-    return parse
+def store_flags() -> dict[str, tuple[str, Setting]]:
+    """Every backend's writing options as ``{argparse dest: (backend name, its declaration)}``."""
+    return {f"store_{name}_{s.name}": (name, s) for name, backend in BACKENDS.items()
+            for s in settings(backend.options).values()}
 
 
 def add_store_options(g: argparse._ArgumentGroup) -> None:
-    """The backends' own options (``convert.format.base.option``), each under its backend's flag."""
-    for dest, (name, f) in store_flags().items():
-        kind = f.metadata.get("parse", "value")
-        if kind == "switch":
-            g.add_argument(f.metadata["flag"], dest=dest, action="store_true", default=None, help=f.metadata["help"])
-        else:
-            g.add_argument(f.metadata["flag"], dest=dest, default=None, help=f.metadata["help"],
-                           type=store_value_type(name, f), metavar="BYTES" if kind == "bytes" else None)
+    """The backends' own options, each under its backend's flag, checked as declared (None: not given)."""
+    for dest, (_, s) in store_flags().items():
+        # None: not given (a flag of another backend is refused by name); the help shows the declared default.
+        s.add_to(g, dest=dest, default=None, help=s.help_text())
 
 
 def store_options(args: argparse.Namespace, backend: str) -> Any:
     """The chosen backend's options dataclass from the parsed flags; ValueError naming a flag of another backend."""
     values = {}
-    for dest, (name, f) in store_flags().items():
+    for dest, (name, s) in store_flags().items():
         value = getattr(args, dest, None)
         if value is None:
             continue
         if name != backend:
-            raise ValueError(f"{f.metadata['flag']} is an option of the {name} backend; this job writes {backend}")
-        values[f.name] = value
+            raise ValueError(f"{s.flag} is an option of the {name} backend; this job writes {backend}")
+        values[s.name] = value
     return BACKENDS[backend].make_options(values)
 
 
@@ -169,15 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", metavar="OUT", help="output folder: shards/, manifest.json, report.jsonl, plan.json, logs/; "
                                               "or a URL (s3://, gs://, file://...): written into --staging, "
                                               "each shard verified and uploaded, the manifest last")
-    p.add_argument("--staging", metavar="DIR", help="with OUT a URL: the local folder the job writes before "
-                                                    "uploading (default: one per URL under ~/.cache/videoclips/"
-                                                    "staging); a rerun needs the same one to skip finished work")
     add_convert_options(p)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOptions]:
-    size = None if args.short_side is not None else (args.size or (128, 171))
+    size = None if args.short_side is not None else (args.size or ConvertConfig.size)
     config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
                            fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,
                            max_clips=args.max_clips, short=args.short, on_damage=args.on_damage)

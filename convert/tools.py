@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -12,10 +13,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .argtypes import OneLineParser, byte_count, number, whole
-from .format import WRITE_CODECS, FormatError, Manifest, read_manifest
+from .format import FormatError, Manifest, read_manifest
+from .format.options import OneLineParser, add_options, settings
 from .job.summary import describe_shape, print_summary
-from .options import MAX_WORKERS
+from .options import DemoOptions, InspectOptions
 from .signals import STOP_SIGNALS, put_back, take_stop_signals
 from .store import manifest_at, open_clips
 from .store.cache import CacheSettings
@@ -225,11 +226,16 @@ def _usable_out(cmd: str, out: str) -> Manifest | None:
 
 
 def _cache_options(p: OneLineParser) -> None:
-    """``--cache-dir`` and ``--cache-limit``, as every command reading a URL takes them (the trainer's too)."""
-    p.add_argument("--cache-dir", metavar="DIR", help="with a URL: the shard cache (default "
-                   "$XDG_CACHE_HOME/videoclips, the trainer's; shards read stay there)")
-    p.add_argument("--cache-limit", metavar="BYTES", type=byte_count(1),
-                   help="with a URL: bytes the cache may hold, e.g. 200G (default 80%% of its disk's free space)")
+    """``--cache-dir`` and ``--cache-limit``, as every command reading a URL takes them: declared on
+    ``CacheSettings``, read back with ``_cache_settings``."""
+    declared = settings(CacheSettings)
+    declared["cache_dir"].add_to(p, dest="cache_dir")
+    declared["limit"].add_to(p, dest="cache_limit")
+
+
+def _cache_settings(args: argparse.Namespace) -> CacheSettings:
+    """The shard cache the parsed ``--cache-dir`` and ``--cache-limit`` say."""
+    return CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
 
 
 def print_against(result: dict, csv_path: str) -> None:
@@ -244,8 +250,8 @@ def print_against(result: dict, csv_path: str) -> None:
         print(f"  {result['not_annotated']} converted videos are not in the list")
 
 
-def main(argv: list[str]) -> int:
-    cmd, rest = argv[0], argv[1:]
+def build_parser(cmd: str) -> OneLineParser:
+    """The parser of sub-command ``cmd`` (``verify``, ``inspect`` or ``demo``), from the options' declarations."""
     p = OneLineParser(prog=f"python -m convert {cmd}", epilog=EXIT_CODES if cmd != "demo" else None)
     if cmd == "verify":
         p.description = ("Reopen every shard, check counts and checksums against the manifest, decode every value. "
@@ -253,14 +259,29 @@ def main(argv: list[str]) -> int:
                          "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
         _cache_options(p)
-        args = p.parse_args(rest)
+    elif cmd == "inspect":
+        p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
+        p.add_argument("out", metavar="OUT")
+        add_options(p, InspectOptions)
+        _cache_options(p)
+    elif cmd == "demo":
+        p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
+        add_options(p, DemoOptions)
+    else:  # pragma: no cover - cli routes only known names
+        raise ValueError(f"no sub-command {cmd!r}")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    cmd, rest = argv[0], argv[1:]
+    args = build_parser(cmd).parse_args(rest)
+    if cmd == "verify":
         if _usable_out("verify", args.out) is None:
             return 2
         try:
             with _stops_raised():
                 if is_url(args.out):
-                    settings = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
-                    problems, counts = verify_url(args.out, cache=settings)
+                    problems, counts = verify_url(args.out, cache=_cache_settings(args))
                 else:
                     problems, counts = verify(args.out)
         except _Stopped as stop:  # the checkers are stopped by ``isolated`` as the exception leaves it
@@ -276,18 +297,8 @@ def main(argv: list[str]) -> int:
         print(f"{args.out}: ok ({counts['shards']} shards, {counts['videos']} videos, {counts['clips']} clips)")
         return 0
     if cmd == "inspect":
-        p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
-        p.add_argument("out", metavar="OUT")
-        p.add_argument("--sheet", metavar="FILE.png", help="write a contact sheet of sample clips")
-        p.add_argument("--rows", type=whole(1, 1000), default=8, help="clips on the sheet")
-        p.add_argument("--against", metavar="CSV", help="compare with a Kinetics annotation list: per class, "
-                       "the videos it annotates and how many were converted, are missing, failed or are short")
-        p.add_argument("--split", help="with --against: only the CSV's rows of this split")
-        p.add_argument("--json", action="store_true", help="print the summary (and --against) as one JSON object")
-        _cache_options(p)
-        args = p.parse_args(rest)
         if args.split is not None and args.against is None:
-            p.error("--split compares with an annotation list: give --against CSV")
+            build_parser(cmd).error("--split compares with an annotation list: give --against CSV")
         manifest = _usable_out("inspect", args.out)
         if manifest is None:
             return 2
@@ -295,7 +306,7 @@ def main(argv: list[str]) -> int:
         if sheet_dir and not os.path.isdir(sheet_dir):
             print(f"inspect: error: {sheet_dir}: no such folder for --sheet", file=sys.stderr)
             return 2
-        cache = CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
+        cache = _cache_settings(args)
         listed = None
         if args.against is not None:
             try:
@@ -332,14 +343,5 @@ def main(argv: list[str]) -> int:
             print(f"contact sheet: {args.sheet}")
         return 0
     if cmd == "demo":
-        p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
-        p.add_argument("--out", default="demo_out", help="folder for videos, shards and the contact sheet")
-        p.add_argument("--per-class", type=whole(1, 10_000), default=16, help="training videos per class")
-        p.add_argument("--seconds", type=number(0, 600, "of seconds", above=True), default=2.0,
-                       help="approximate length of each video")
-        p.add_argument("--workers", type=whole(0, MAX_WORKERS), default=0,
-                       help="parallel shard processes (default: every core)")
-        p.add_argument("--codec", default="raw", choices=list(WRITE_CODECS), help="clip codec")
-        args = p.parse_args(rest)
         return demo(args.out, per_class=args.per_class, seconds=args.seconds, workers=args.workers, codec=args.codec)
     raise AssertionError(cmd)  # pragma: no cover - cli routes only known names

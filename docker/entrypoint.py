@@ -226,7 +226,7 @@ def device(args: Sequence[str]) -> str:
     """The trainer's ``--device``, read as the trainer's argparse reads it (``auto`` when not given).
 
     Its parser declares ``--device`` as a plain string option on an argparse
-    parser with abbreviations allowed (``train.config``, ``train.options``), so
+    parser with abbreviations allowed (``train.config``, ``convert.format.options``), so
     the last one given wins and ``--device=X`` and unambiguous prefixes
     (``--devi X``) count. The trainer's parser itself is not imported: it
     pulls in torch and the loaders before the checks, and its required

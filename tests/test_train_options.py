@@ -1,4 +1,4 @@
-"""Each option declared once (train.options on TrainConfig's fields): the parser and the checks come from the
+"""Each option declared once (convert.format.options on TrainConfig's fields): the parser and the checks come from the
 declarations, numbers are checked as they are parsed, and a usage error is one line."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
+from convert.format.options import added_later, settings
 from train import TrainError
 from train.args import build_parser
 from train.config import TrainConfig
 from train.demo import main as demo_main
 from train.evalcmd import main as eval_main
 from train.main import main
-from train.options import added_later, settings
 
 from .train_fixtures import ROOT, one_line_error, subprocess_env
 
@@ -54,7 +54,7 @@ def test_every_numeric_option_is_checked_as_it_is_parsed(setting):
 
 
 def test_byte_counts_are_written_alike_in_every_command():
-    from convert.argtypes import byte_count  # what python -m convert verify --cache-limit and --max-memory take
+    from convert.format.options import byte_count  # what python -m convert verify --cache-limit and --max-memory take
 
     for text, value in (("200G", 200 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("4096", 4096)):
         assert build_parser().parse_args(["--data", "x", "--cache-limit", text]).cache_limit == value

@@ -1,7 +1,7 @@
 """Command line of ``python -m train`` (and ``torchrun ... -m train``).
 
 ``build_parser`` makes the options from their declarations on ``TrainConfig``
-(``train.config``, through ``train.options``), checking numbers as they are
+(``train.config``, through ``convert.format.options``), checking numbers as they are
 parsed; ``resolve_config`` turns the parsed Namespace into the run's frozen
 ``TrainConfig``, filling in what the machine and the data decide and checking
 every value, and nothing downstream reads the Namespace.
@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import os
 
-from convert.argtypes import OneLineParser
+from convert.format.options import OneLineParser, add_options, settings
 from loaders import default_threads
 
 from .config import TrainConfig
@@ -21,7 +21,6 @@ from .data import DataShape, cache_settings, check_dataset, dataset_info, epoch_
 from .dist import DistInfo
 from .errors import TrainError
 from .models import model_spec
-from .options import add_options, settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +94,7 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
                              f"{clip_len}")
     declared = settings(TrainConfig)
     for name in ("clips_per_video", "seed"):  # before the sampler below, which would say it less plainly
-        declared[name].check(getattr(args, name))
+        declared[name].check(getattr(args, name), TrainError)
     pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
                                clips_per_video=args.clips_per_video, seed=args.seed, info=info)
     auto = args.batch_size == "auto"

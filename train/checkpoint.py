@@ -29,7 +29,7 @@ passes its checksum and ``resume_problem``, falling back to an older one,
 with a one-line note, when the newest does not.
 
 Resuming compares the run's settings with the checkpoint's as each option
-declares (``on_resume``, ``train.options.RESUME_RULES``): ``check_settings``
+declares (``on_resume``, ``convert.format.options.RESUME_RULES``): ``check_settings``
 refuses the settings that decide the weights' shapes, and those that decide
 the data (with the data itself: ``data``) unless ``--force-resume``;
 ``changed_settings`` lists the others that changed, which the run prints,
@@ -53,9 +53,10 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from convert.format.options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, on_resume, settings
+
 from .config import TrainConfig
 from .errors import MachineError, TrainError
-from .options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, on_resume, settings
 from .safeload import load_weights_only
 
 LATEST = "checkpoint.pt"

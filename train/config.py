@@ -1,6 +1,6 @@
 """A run's settings, resolved once: ``TrainConfig``, where every option of ``python -m train`` is declared.
 
-Each field is one setting, declared once with ``train.options.option``: its
+Each field is one setting, declared once with ``convert.format.options.option``: its
 type, the command line's default and help, its allowed values and bounds, and
 when it was added after the first checkpoints (``added_later``). The parser
 of ``python -m train`` (``train.args.build_parser``) and the checks below are
@@ -33,12 +33,13 @@ from typing import Any
 
 import torch
 
+from convert.format.options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
+from convert.store.cache import DEFAULT_FRACTION, CacheSettings
 from loaders.dali.sharding import epoch_steps
 from loaders.sampler import ORDERS
 
 from .errors import TrainError
 from .models import MODELS, model_spec
-from .options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
 from .protocols import PROTOCOLS
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
@@ -48,9 +49,10 @@ EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("nccl", "gloo")
 
+CACHE_SHARE = round(DEFAULT_FRACTION * 100)  # per cent of its disk's free space a shard cache holds by default
 # The argument groups of python -m train --help.
 DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
-# How --resume compares a setting with the checkpoint's (train.options.RESUME_RULES), by short names: SHAPE
+# How --resume compares a setting with the checkpoint's (convert.format.options.RESUME_RULES), by short names: SHAPE
 # decides the weights' shapes, ORDER which clips an epoch holds in which order, FREE is not compared.
 SHAPE, ORDER, FREE = RESUME_SHAPE, RESUME_DATA, RESUME_FREE
 
@@ -76,7 +78,7 @@ class TrainConfig:
 
     # -- data -------------------------------------------------------------------
     # on_resume: SHAPE and ORDER settings must match the checkpoint's, FREE ones are not compared, the others
-    # are printed when they changed (train.options.RESUME_RULES).
+    # are printed when they changed (convert.format.options.RESUME_RULES).
     data: str = option(DATA, "training conversion: a folder with manifest.json, or its URL (s3://, gs://, "
                              "http(s)://, file://...; read through a local cache: --cache-dir)", metavar="OUT",
                        required=True)
@@ -87,13 +89,14 @@ class TrainConfig:
               "$XDG_CACHE_HOME/videoclips, i.e. ~/.cache/videoclips)", metavar="DIR", added_later=None,
         on_resume=FREE)
     cache_limit: int | None = option(
-        DATA, "bytes the shard cache may hold (default 80%% of its disk's free space); refused when smaller "
-              "than the largest shard times 1 + the prefetch (2 shards; with --order shards, --order-shards if "
+        DATA, f"bytes the shard cache may hold (without it: {CACHE_SHARE}%% of its disk's free space); refused "
+              f"when smaller than the largest shard times 1 + the prefetch ({CacheSettings.prefetch} shards; with "
+              "--order shards, --order-shards if "
               "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards; "
               "bytes, or with a unit: 200G, 512M", ge=1, byte_count=True, metavar="BYTES", added_later=None,
         on_resume=FREE)
     loader: str = option(
-        DATA, "reader: threads (default: reader threads in each training process, pinned batch ring), "
+        DATA, "reader: threads (reader threads in each training process, pinned batch ring), "
               "processes (DataLoader worker processes) or dali (GPU pipeline; "
               "needs nvidia-dali). threads and processes read LMDB and TFRecord conversions",
         default="threads", choices=LOADERS)
@@ -110,32 +113,32 @@ class TrainConfig:
                             on_resume=SHAPE)
     clip_len: int = option(DATA, "frames per clip (default: the stored length)", ge=1, on_resume=SHAPE)
     downsample: int = option(
-        DATA, "average-pool the crop spatially by this factor on the device (default 1: off; the "
+        DATA, "average-pool the crop spatially by this factor on the device (1: off; the "
               "CPU demo crops 128 and feeds 64x64)", default=1, ge=1, on_resume=SHAPE)
     colour_permutation: bool = option(
         DATA, "randomly permute each training clip's RGB channels (keyed by seed, epoch and clip, like "
               "the crops); for data where colour is a nuisance, such as the synthetic demo", default=False)
     epoch_mode: str = option(
-        DATA, "clips: an epoch is every stored clip once (default); videos: an epoch is every video "
+        DATA, "clips: an epoch is every stored clip once; videos: an epoch is every video "
               "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
               "usual Kinetics regime; --loader threads or processes)", default="clips", choices=EPOCH_MODES,
         on_resume=ORDER)
-    clips_per_video: int = option(DATA, "with --epoch-mode videos (default 1)", default=1, ge=1, on_resume=ORDER)
+    clips_per_video: int = option(DATA, "with --epoch-mode videos", default=1, ge=1, on_resume=ORDER)
     order: str = option(
-        DATA, "random: each epoch a fresh random order (default); blocks: for shards larger than the "
+        DATA, "random: each epoch a fresh random order; blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
               "and the clips of each --order-window blocks shuffled together, so that the kernel's "
               "read-ahead brings in clips read next (docs/reading.md: shards larger than memory); shards: "
               "the shards shuffled and read --order-shards at a time, the clips of those shards shuffled "
               "together, so that a bounded cache of whole shards fetches each shard once per epoch",
         default="random", choices=ORDERS, added_later="random", on_resume=ORDER)
-    order_block: int = option(DATA, "with --order blocks: clips per block (default 64)", default=64, ge=1,
+    order_block: int = option(DATA, "with --order blocks: clips per block", default=64, ge=1,
                               added_later=64, on_resume=ORDER)
     order_window: int = option(
-        DATA, "with --order blocks: blocks shuffled together (default 16; window x block clips "
+        DATA, "with --order blocks: blocks shuffled together (window x block clips "
               "should fit in the page cache)", default=16, ge=1, added_later=16, on_resume=ORDER)
     order_shards: int = option(
-        DATA, "with --order shards: shards read at a time (default 4; that many whole shards, and the next "
+        DATA, "with --order shards: shards read at a time (that many whole shards, and the next "
               "window's, should fit in the shard cache)", default=4, ge=1, added_later=4, on_resume=ORDER)
     no_flip: bool = option(DATA, "no random horizontal flip in training", default=False)
     crop_scales: str | None = option(
@@ -145,12 +148,12 @@ class TrainConfig:
     # -- model ------------------------------------------------------------------
     # Checkpoints written before the registry are C3D's.
     model: str = option(
-        MODEL, "the network (train.models.MODELS): c3d (default; Tran et al. 2015), r3d_18, mc3_18, r2plus1d_18 "
+        MODEL, "the network (train.models.MODELS): c3d (Tran et al. 2015), r3d_18, mc3_18, r2plus1d_18 "
                "(torchvision's video ResNets, its parameter names) or i3d_r50 (mmaction2's I3D-R50; "
                "--inflate-from ImageNet ResNet-50 weights)", default="c3d", choices=tuple(MODELS),
         added_later="c3d", on_resume=SHAPE)
     model_width: float = option(
-        MODEL, "multiplier on every channel count (and C3D's fc width); default 1.0: the published network",
+        MODEL, "multiplier on every channel count (and C3D's fc width); 1 is the published network",
         default=1.0, gt=0.0, on_resume=SHAPE)
     bn: bool = option(MODEL, "c3d: BatchNorm3d after every convolution (off in the paper; the other models have it "
                              "always)", default=False, on_resume=SHAPE)
@@ -169,63 +172,63 @@ class TrainConfig:
     channels_last: bool = option(
         MODEL, "channels_last_3d weights and inputs (CUDA only; usually faster convolutions with AMP)", default=False)
     # -- optimisation -----------------------------------------------------------
-    epochs: int = option(OPTIM, "epochs (default 16, as in the paper); sets the schedule", default=16, ge=1)
+    epochs: int = option(OPTIM, "epochs (the paper's by default); sets the schedule", default=16, ge=1)
     max_steps: int | None = option(
         OPTIM, "stop after this many optimizer steps in total, with a checkpoint (the schedule is "
                "unchanged, so a resumed run continues exactly)", ge=1, on_resume=FREE)
     batch_size: int | None = option(
-        OPTIM, "clips per optimizer step per process (default 30, the paper's batch), split into "
+        OPTIM, "clips per optimizer step per process (by default the paper's batch), split into "
                "--accum-steps micro-batches; 'auto' = largest that fits on the GPU with headroom",
         default=30, ge=1, words=("auto",))
     auto_batch: bool = derived()
     auto_headroom: float = option(
-        OPTIM, "with --batch-size auto: fraction of GPU memory a step may peak at (default 0.85)",
+        OPTIM, "with --batch-size auto: fraction of GPU memory a step may peak at",
         default=0.85, gt=0.0, le=1.0, on_resume=FREE)
     eval_protocol: str = option(
-        OPTIM, "clips: every stored clip, centre crop (default); 10x3: per video --eval-clips uniformly "
+        OPTIM, "clips: every stored clip, centre crop; 10x3: per video --eval-clips uniformly "
                "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)",
         default="clips", choices=PROTOCOLS)
-    eval_clips: int = option(OPTIM, "clips per video with --eval-protocol 10x3 (default 10; all when a video has "
+    eval_clips: int = option(OPTIM, "clips per video with --eval-protocol 10x3 (all when a video has "
                                     "fewer)", default=10, ge=1)
     eval_batch_size: int | None = option(OPTIM, "clips per evaluation batch (default: --batch-size)", ge=1,
                                          on_resume=FREE)
     accum_steps: int = option(
         OPTIM, "micro-batches per optimizer step; gradients all-reduce on the last one only", default=1, ge=1)
-    optimizer: str = option(OPTIM, "default sgd (the paper)", default="sgd", choices=OPTIMIZERS, on_resume=SHAPE)
+    optimizer: str = option(OPTIM, "the optimizer (the paper: sgd)", default="sgd", choices=OPTIMIZERS, on_resume=SHAPE)
     lr: float = option(
-        OPTIM, "learning rate for a global batch of --lr-ref-batch clips (default 0.003 per 30 clips, "
-               "the paper's); scaled to batch x processes by --lr-scaling", default=0.003, ge=0.0)
-    lr_ref_batch: int = option(OPTIM, "global batch --lr is given for (default 30)", default=30, ge=1)
+        OPTIM, "learning rate for a global batch of --lr-ref-batch clips (by default the paper's, per 30 "
+               "clips); scaled to batch x processes by --lr-scaling", default=0.003, ge=0.0)
+    lr_ref_batch: int = option(OPTIM, "global batch --lr is given for", default=30, ge=1)
     lr_scaling: str = option(
-        OPTIM, "how --lr follows the global batch: linear (default), sqrt, or none. When the result is "
+        OPTIM, "how --lr follows the global batch: linear, sqrt, or none. When the result is "
                "above --lr and no warm-up is given, a warm-up is added (see --warmup-steps)",
         default="linear", choices=SCALINGS, also=[("--no-lr-scaling", "none", "the same as --lr-scaling none")])
     max_lr: float | None = option(OPTIM, "cap on the scaled learning rate (default: none)", gt=0.0)
-    momentum: float = option(OPTIM, "SGD momentum (default 0.9)", default=0.9, ge=0.0)
-    weight_decay: float = option(OPTIM, "on weights, not biases (default 5e-4)", default=5e-4, ge=0.0)
+    momentum: float = option(OPTIM, "SGD momentum", default=0.9, ge=0.0)
+    weight_decay: float = option(OPTIM, "weight decay, on weights, not biases", default=5e-4, ge=0.0)
     schedule: str = option(
         OPTIM, "step: x --lr-gamma every --lr-step-epochs (the paper: /10 every 4 epochs); "
                "cosine: to 0 over --epochs; constant", default="step", choices=SCHEDULES)
-    lr_step_epochs: float = option(OPTIM, "step schedule period (default 4 epochs)", default=4.0, ge=0.0)
-    lr_gamma: float = option(OPTIM, "step schedule factor (default 0.1)", default=0.1, ge=0.0)
+    lr_step_epochs: float = option(OPTIM, "step schedule period, in epochs", default=4.0, ge=0.0)
+    lr_gamma: float = option(OPTIM, "step schedule factor", default=0.1, ge=0.0)
     warmup_steps: int | None = option(
         OPTIM, "linear warm-up from 0, in optimizer steps (default: none when the lr is --lr; when "
                "scaling raises it, min(5 epochs, a quarter of --epochs, half of --lr-step-epochs) "
                "from --lr; 0 turns it off)", ge=0, exclusive="warmup")
     warmup_epochs: float | None = option(OPTIM, "linear warm-up from 0, in epochs", ge=0.0, exclusive="warmup")
     label_smoothing: float = option(
-        OPTIM, "label smoothing of the training loss, as torch's CrossEntropyLoss (default 0: off)",
+        OPTIM, "label smoothing of the training loss, as torch's CrossEntropyLoss (0: off)",
         default=0.0, ge=0.0, lt=1.0)
     clip_grad_norm: float | None = option(OPTIM, "clip the gradient norm (default: off)", gt=0.0)
     amp: str = option(
         OPTIM, "autocast dtype (default: bf16 on CUDA, off on the CPU). fp16 adds a GradScaler and "
                "needs CUDA; bf16 also runs on the CPU", choices=tuple(AMP_DTYPES))
-    init_scale: float = option(OPTIM, "fp16 GradScaler initial scale (default 65536)", default=2.0**16, gt=0.0)
+    init_scale: float = option(OPTIM, "fp16 GradScaler initial scale", default=2.0**16, gt=0.0)
     growth_interval: int = option(
-        OPTIM, "fp16 GradScaler: steps without overflow before the scale doubles (default 2000)",
+        OPTIM, "fp16 GradScaler: steps without overflow before the scale doubles",
         default=2000, ge=1)
     # -- run --------------------------------------------------------------------
-    out: str = option(RUN, "folder for checkpoints, metrics.jsonl, eval results and plots (default runs/c3d)",
+    out: str = option(RUN, "folder for checkpoints, metrics.jsonl, eval results and plots",
                       default="runs/c3d", on_resume=FREE)
     overwrite: bool = option(
         RUN, "train from scratch into an --out that already holds a run (without it, that is refused "
@@ -239,31 +242,31 @@ class TrainConfig:
         RUN, "with --resume: continue although --data is not the conversion the checkpoint was trained on, or "
              "--seed, --epoch-mode, --clips-per-video or --order* differ from its (the epoch in progress goes "
              "on at its position in the new order)", default=False, added_later=False, on_resume=FREE)
-    seed: int = option(RUN, "data order, augmentation, init and dropout (default 0)", default=0, ge=0,
+    seed: int = option(RUN, "seed of the data order, augmentation, init and dropout", default=0, ge=0,
                        on_resume=ORDER)
     device: str = option(RUN, "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda", default="auto")
     dist_backend: str | None = option(
         RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=BACKENDS,
         on_resume=FREE)
     ddp_bucket_mb: float = option(
-        RUN, "DDP gradient bucket size (default 25, PyTorch's: C3D's ~320 MB of fp32 gradients make "
+        RUN, "DDP gradient bucket size in MB (the default is PyTorch's: C3D's ~320 MB of fp32 gradients make "
              "~13 buckets, whose all-reduces overlap the backward pass; larger buckets mean fewer, "
              "later launches)", default=25.0, gt=0.0, on_resume=FREE)
     grad_as_bucket_view: bool = option(
         RUN, "gradients are views into DDP's buckets (default on: saves one gradient-sized copy, "
              "~320 MB for C3D, and a memcpy per step)", default=True, on_resume=FREE)
     ckpt_every: int = option(
-        RUN, "also checkpoint every N optimizer steps (default 0: at epoch ends, at --max-steps and on "
+        RUN, "also checkpoint every N optimizer steps (0: at epoch ends, at --max-steps and on "
              "SIGTERM/SIGINT/SIGUSR1 only)", default=0, ge=0, on_resume=FREE)
     keep_last: int = option(
-        RUN, "checkpoint_step<N>.pt files kept (default 3); checkpoint.pt is the newest and "
+        RUN, "checkpoint_step<N>.pt files kept; checkpoint.pt is the newest and "
              "checkpoint_best.pt the best by validation video top-1", default=3, ge=1, on_resume=FREE)
     early_stop: int | None = option(
         RUN, "stop when validation video top-1 has not improved in PATIENCE evaluations (needs "
              "--val-data)", ge=1, metavar="PATIENCE")
-    eval_every: int = option(RUN, "evaluate every N epochs (default 1; 0 = only at the end); needs --val-data",
+    eval_every: int = option(RUN, "evaluate every N epochs (0 = only at the end); needs --val-data",
                              default=1, ge=0)
-    log_every: int = option(RUN, "optimizer steps per metrics.jsonl line (default 10)", default=10, ge=1,
+    log_every: int = option(RUN, "optimizer steps per metrics.jsonl line", default=10, ge=1,
                             on_resume=FREE)
     no_progress: bool = option(RUN, "no tqdm progress bar on a terminal, no progress line every minute elsewhere",
                                default=False, on_resume=FREE)
@@ -275,7 +278,7 @@ class TrainConfig:
         on_resume=FREE)
     profile: int = option(
         RUN, "record a torch.profiler trace of STEPS training steps (after 2 warm-up steps) in "
-             "OUT/profile/ (TensorBoard's profiler plugin reads it); default 0: off",
+             "OUT/profile/ (TensorBoard's profiler plugin reads it); 0: off",
         default=0, ge=0, metavar="STEPS", on_resume=FREE)
     deterministic: bool = option(
         RUN, "torch.use_deterministic_algorithms (on GPUs slower, needed for bit-exact resume there)", default=False,
@@ -287,11 +290,11 @@ class TrainConfig:
     # The training loader pads each rank's last batch of an epoch instead of dropping it (DALI's native
     # TFRecord reader, pad_last_batch); epoch_samples is then its largest shard.
     pad_last_batch: bool = derived(added_later=False)
-    lr_plan: LrPlan | None = derived()  # noqa: RUF009 - a declaration (train.options), not a shared default
+    lr_plan: LrPlan | None = derived()  # noqa: RUF009 - a declaration (convert.format.options), not a shared default
 
     def __post_init__(self) -> None:
         self._model_defaults()
-        check_settings(self)  # each field as declared above, and the exclusive options
+        check_settings(self, TrainError)  # each field as declared above, and the exclusive options
         self._check_combinations()
 
     def _check_combinations(self) -> None:

@@ -35,11 +35,11 @@ import os
 import sys
 import time
 
-from convert.argtypes import OneLineParser
+from convert.format.options import OneLineParser, settings
+from convert.options import DemoOptions
 
 from .config import TrainConfig
 from .errors import TrainError
-from .options import settings
 
 RECIPE = ["--model-width", "0.125", "--bn", "--crop-size", "128", "--downsample", "2", "--no-flip",
           "--colour-permutation", "--dropout", "0.2", "--optimizer", "adamw", "--lr", "1e-3", "--no-lr-scaling",
@@ -94,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The demo's own options; the others it is given go to the trainer (``demo``'s ``extra``)."""
     p = OneLineParser(raise_as=TrainError, prog="python -m train demo", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="demo_out", help="folder of the conversion demo (default demo_out, as there)")
+    settings(DemoOptions)["out"].add_to(p, help="folder of the conversion demo (python -m convert demo's --out)")
     declared = settings(TrainConfig)
     declared["workers"].add_to(p, default=1, help="reader threads of the trainer's default --loader threads "
-                                                  "(worker processes with --loader processes); default 1: the "
-                                                  "demo is tuned for two cores")
+                                                  "(worker processes with --loader processes); the demo is "
+                                                  "tuned for two cores")
     declared["threads"].add_to(p, help="math threads (default: PyTorch's choice)")
     return p
 

@@ -33,48 +33,53 @@ import numpy as np
 import torch
 from torch import nn
 
-from convert.argtypes import OneLineParser
+from convert.format.options import OneLineParser, add_options, option, settings
 
 from . import checkpoint as ckpt_io
 from . import dist
 from .args import default_workers
-from .config import TrainConfig
+from .config import CACHE_SHARE, TrainConfig
 from .data import build_eval_data, cache_settings, dataset_info
 from .engine import evaluate
 from .errors import TrainError
 from .main import eval_line, model_options, save_eval, torch_threads
 from .metrics import SCORES
 from .models import build_model, strip_prefixes
-from .options import settings
 from .readerrors import reading
 from .workers import end_workers_at_exit
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """The options of ``python -m train eval`` that are no setting of a run (those are ``TrainConfig``'s)."""
+
+    checkpoint: str = option("evaluation", "a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): "
+                                           "its newest intact checkpoint", metavar="CKPT", required=True)
+    data: str = option("evaluation", "conversion to evaluate on (same class list)", metavar="OUT", required=True)
+    out: str | None = option("evaluation", "folder for eval/NAME.json (without it: the checkpoint's folder)")
+    export: str | None = option("evaluation", "also write per-video scores and mean video features (C3D: fc6/fc7) "
+                                              "to this .npz", metavar="FILE")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``python -m train eval``'s options; those that are settings of a run are checked as the trainer's are."""
     p = OneLineParser(raise_as=TrainError, prog="python -m train eval", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(p, EvalOptions)
     declared = settings(TrainConfig)
-    p.add_argument("--checkpoint", required=True, metavar="CKPT",
-                   help="a trainer checkpoint (checkpoint*.pt), or a run's folder (its --out): its newest intact "
-                        "checkpoint")
-    p.add_argument("--data", required=True, metavar="OUT", help="conversion to evaluate on (same class list)")
-    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop (default); 10x3: --eval-clips "
+    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop; 10x3: --eval-clips "
                                              "uniformly spaced clips x 3 crops per video")
-    declared["eval_clips"].add_to(p, help="clips per video with 10x3 (default 10)")
-    p.add_argument("--out", default=None, help="folder for eval/NAME.json (default: the checkpoint's folder)")
-    p.add_argument("--export", metavar="FILE", default=None,
-                   help="also write per-video scores and mean video features (C3D: fc6/fc7) to this .npz")
-    declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch (default 16)")
+    declared["eval_clips"].add_to(p, help="clips per video with 10x3")
+    declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch")
     declared["loader"].add_to(p, choices=("threads", "processes"),
-                              help="reader threads in this process (default) or DataLoader worker processes")
+                              help="threads: reader threads in this process; processes: DataLoader worker processes")
     declared["workers"].add_to(p, help="reader threads or worker processes (default: as the trainer's, from this "
                                        "machine's cores)")
     declared["verify_data"].add_to(p, help="check every clip's CRC-32 as it is read")
     declared["cache_dir"].add_to(p, help="with --data a URL: the local shard cache (default $XDG_CACHE_HOME/"
                                          "videoclips, i.e. ~/.cache/videoclips)")
-    declared["cache_limit"].add_to(p, help="bytes the shard cache may hold (default 80%% of its disk's free "
-                                           "space); bytes, or with a unit: 200G, 512M")
+    declared["cache_limit"].add_to(p, help=f"bytes the shard cache may hold (without it: {CACHE_SHARE}%% of its "
+                                           "disk's free space); bytes, or with a unit: 200G, 512M")
     declared["device"].add_to(p, help="auto, cpu or cuda")
     declared["amp"].add_to(p, help="default bf16 on CUDA, off on the CPU")
     declared["threads"].add_to(p, help="CPU math threads (default: PyTorch's choice)")

@@ -8,8 +8,9 @@ worker, the plain reader and ``verify`` talk only to these interfaces: every
 method they call is declared here, abstract where a backend must say how.
 
 Options are how a backend stores (never what): each field of its options
-dataclass is declared with ``option()``, which also gives the command line
-its flag and help, so a backend's options are declared once, in the backend.
+dataclass is declared with ``convert.format.options.option`` (its flag,
+help, default and range), from which the command line takes the option, so a
+backend's options are declared once, in the backend.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,15 +34,6 @@ from .records import VideoRecord
 
 # The summary fields every backend's ``finish`` returns and the manifest lists per shard.
 SUMMARY_KEYS = ("videos", "clips", "value_bytes", "sha256")
-
-
-def option(default: Any, *, flag: str, help: str, parse: str = "value") -> Any:
-    """A field of a backend's options dataclass, with its command-line flag and help.
-
-    ``parse``: ``"bytes"`` (a size such as 512M), ``"switch"`` (a flag without
-    a value, default False) or ``"value"`` (the field's own type).
-    """
-    return field(default=default, metadata={"flag": flag, "help": help, "parse": parse})
 
 
 CONTENT_KEY = "content"  # a shard's share of the conversion's content fingerprint, in its summary and entry
@@ -381,7 +373,7 @@ class Backend:
     summary: str  # what its shards are, in a few words (the command line's help)
     writer: type[ShardWriter]
     reader: type[ShardReader]
-    options: type  # a frozen dataclass whose fields are declared with option()
+    options: type  # a frozen dataclass whose fields are declared with convert.format.options.option
     files: ShardFiles
     manifest_extras: tuple[str, ...] = ()
 
@@ -394,5 +386,5 @@ class Backend:
 
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
-           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "option", "read_back_summary",
+           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "read_back_summary",
            "summarize_headers"]

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-from ..base import option
+from ..options import check_settings, option
+from ..units import MAX_BYTES
 
 
 @dataclass(frozen=True)
 class LmdbOptions:
-    """Writing options of the LMDB backend."""
+    """Writing options of the LMDB backend, each declared once (its flag, help, default and range)."""
 
-    map_size: int | None = option(None, flag="--map-size", parse="bytes",
-                                  help="lmdb: initial map size per shard, e.g. 4G (default 64M; the map grows "
-                                       "before each video from its probed size, and again if ever full)")
-    compact: bool = option(False, flag="--compact", parse="switch",
-                           help="lmdb: rewrite each finished shard without free pages")
+    map_size: int | None = option("lmdb", "lmdb: initial map size per shard, e.g. 4G (without it 64M; the map "
+                                          "grows before each video from its probed size, and again if ever full)",
+                                  byte_count=True, ge=1, le=MAX_BYTES, flag="--map-size", metavar="BYTES",
+                                  field_default=True)
+    compact: bool = option("lmdb", "lmdb: rewrite each finished shard without free pages", default=False,
+                           flag="--compact", field_default=True)
 
     def __post_init__(self) -> None:
-        if self.map_size is not None and (isinstance(self.map_size, bool) or not isinstance(self.map_size, int)
-                                          or not 1 <= self.map_size <= sys.maxsize):
-            raise ValueError(f"map_size must be an integer of 1..{sys.maxsize} bytes, got {self.map_size!r}")
-        if not isinstance(self.compact, bool):
-            raise ValueError(f"compact must be True or False, got {self.compact!r}")
+        check_settings(self, ValueError)

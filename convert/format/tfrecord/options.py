@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-from ..base import option
+from ..options import check_settings, option
+from ..units import MAX_BYTES
 
 
 @dataclass(frozen=True)
 class TFRecordOptions:
-    """Writing options of the TFRecord backend."""
+    """Writing options of the TFRecord backend, each declared once (its flag, help, default and range)."""
 
-    part_bytes: int = option(256 << 20, flag="--part-size", parse="bytes",
-                             help="tfrecord: start a new .tfrecord file (with its DALI .idx) once one reaches this "
-                                  "size (default 256M)")
+    part_bytes: int = option("tfrecord", "tfrecord: start a new .tfrecord file (with its DALI .idx) once one "
+                                         "reaches this size", default=256 << 20, byte_count=True, ge=1,
+                             le=MAX_BYTES, flag="--part-size", metavar="BYTES", field_default=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.part_bytes, bool) or not isinstance(self.part_bytes, int) \
-                or not 1 <= self.part_bytes <= sys.maxsize:
-            raise ValueError(f"part_bytes must be an integer of 1..{sys.maxsize} bytes, got {self.part_bytes!r}")
+        check_settings(self, ValueError)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ...format.options import check_settings, derived, option
+from ...format.units import MAX_BYTES
 from ..remote import ATTEMPTS, BACKOFF_S
 
 # The default limit: this fraction of the cache disk's free space (plus what the cache already holds), so that
 # the cache never fills a disk other programs write to.
 DEFAULT_FRACTION = 0.8
+CACHE = "shard cache"  # the argument group of the cache's options
 
 
 def default_cache_dir() -> str:
@@ -21,7 +24,9 @@ def default_cache_dir() -> str:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """How a remote conversion is cached (``open_clips(url, cache=...)``, the trainer's ``--cache-*``).
+    """How a remote conversion is cached (``open_clips(url, cache=...)``, the commands' ``--cache-*``), each
+    setting declared once (``convert.format.options``), so the commands add ``--cache-dir`` and
+    ``--cache-limit`` from here.
 
     ``cache_dir``: where (default ``default_cache_dir()``); ``limit``: bytes
     the cache may hold (default DEFAULT_FRACTION of its disk's free space);
@@ -31,27 +36,27 @@ class CacheSettings:
     room; ``storage_options``: passed to fsspec (an endpoint, a profile...).
     """
 
-    cache_dir: str | None = None
-    limit: int | None = None
-    prefetch: int = 2
-    downloads: int = 4
-    attempts: int = ATTEMPTS
-    backoff: float = BACKOFF_S
-    wait_s: float = 600.0
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    cache_dir: str | None = option(
+        CACHE, "with a URL: the local shard cache (without it: $XDG_CACHE_HOME/videoclips, i.e. "
+               "~/.cache/videoclips; shards read stay there)", metavar="DIR", flag="--cache-dir", field_default=True)
+    limit: int | None = option(
+        CACHE, f"with a URL: bytes the cache may hold, e.g. 200G (without it: {DEFAULT_FRACTION * 100:.0f}%% of its "
+               f"disk's free space)", byte_count=True, ge=1, le=MAX_BYTES, flag="--cache-limit", metavar="BYTES",
+        field_default=True)
+    prefetch: int = option(CACHE, "shards fetched ahead of the reading", default=2, ge=0, flag="--cache-prefetch",
+                           field_default=True)
+    downloads: int = option(CACHE, "shards downloaded at once", default=4, ge=1, flag="--cache-downloads",
+                            field_default=True)
+    attempts: int = option(CACHE, "attempts of each transfer", default=ATTEMPTS, ge=1, flag="--cache-attempts",
+                           field_default=True)
+    backoff: float = option(CACHE, "seconds before the first retry of a transfer, doubled each time",
+                            default=BACKOFF_S, ge=0, flag="--cache-backoff", field_default=True)
+    wait_s: float = option(CACHE, "seconds a download waits for readers to release room", default=600.0, ge=0,
+                           flag="--cache-wait", field_default=True)
+    storage_options: dict[str, Any] = derived(factory=dict)  # noqa: RUF009 - a declaration, not a shared default
 
     def __post_init__(self) -> None:
-        for name, low in (("prefetch", 0), ("downloads", 1), ("attempts", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"cache {name} must be an integer >= {low}, got {value!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
-                                       or self.limit < 1):
-            raise ValueError(f"cache limit must be a number of bytes >= 1, got {self.limit!r}")
-        for name in ("backoff", "wait_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"cache {name} must be a number >= 0, got {value!r}")
+        check_settings(self, ValueError)
         if not isinstance(self.storage_options, dict):
             raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
 
