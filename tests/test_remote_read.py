@@ -25,7 +25,7 @@ from convert.store.remote import RemoteError
 
 from .backend_params import with_test_backends
 from .conftest import REAL_CACHE_DIR, ROOT
-from .remote_fixtures import copy_conversion, serve_folder
+from .remote_fixtures import cache_of, copy_conversion, serve_folder
 from .train_fixtures import tiny_as, tiny_data, tiny_tfrecord
 
 
@@ -89,7 +89,7 @@ def test_s3_lmdb_reads_as_local(s3_server, tiny_data, tmp_path):
     # A second open (another rank, a resume) uses the cache's index and shards: nothing downloaded again.
     again = open_clips(url, cache=_settings(tmp_path))
     _same_clips(again, open_clips(tiny_data))
-    assert again.cache.fetched == 0
+    assert cache_of(again).fetched == 0
 
 
 def test_http_tfrecord_reads_as_local(tiny_tfrecord, tmp_path):
@@ -106,9 +106,9 @@ def test_a_conversion_indexed_from_small_files_opens_without_downloading_its_bul
     local = tiny_as(backend, tiny_data)
     url = s3_server.upload(local, s3_server.bucket())
     store = open_clips(url, cache=_settings(tmp_path))
-    assert store.cache.downloads() == [] and len(store) == len(open_clips(local))
+    assert cache_of(store).downloads() == [] and len(store) == len(open_clips(local))
     store.get(0)
-    assert store.cache.downloads() == [store.manifest.shards[0].name]
+    assert cache_of(store).downloads() == [store.manifest.shards[0].name]
 
 
 @pytest.mark.parametrize("backend", with_test_backends("tfrecord"))
@@ -257,13 +257,13 @@ def test_endpoint_and_credentials_from_fsspec_configuration(s3_server, tiny_tfre
 def test_cache_smaller_than_the_data(s3_server, tiny_tfrecord, tmp_path):
     url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
     probe = open_clips(url, cache=_settings(tmp_path / "probe"))
-    sizes = probe.cache.sizes
+    sizes = cache_of(probe).sizes
     assert len(sizes) >= 3
     limit = 2 * max(sizes)  # one shard read, one prefetched: less than the data
     with pytest.raises(CacheFullError, match="cache limit"):
         ShardCache(url, _settings(tmp_path, limit=max(sizes), prefetch=1))
     store = open_clips(url, cache=_settings(tmp_path, limit=limit, prefetch=1))
-    cache = store.cache
+    cache = cache_of(store)
     before = len(cache.downloads())
     # Shard by shard (what a shard-windowed order does): each shard downloaded once per pass.
     order = np.argsort(store.shards_of(np.arange(len(store))), kind="stable")
@@ -297,7 +297,7 @@ def test_processes_share_one_cache(s3_server, tiny_data, tmp_path):
         p.join(120)
         assert p.exitcode == 0
     store = open_clips(url, cache=CacheSettings(cache_dir=cache_dir))
-    assert sorted(store.cache.downloads()) == sorted(s.name for s in store.manifest.shards)
+    assert sorted(cache_of(store).downloads()) == sorted(s.name for s in store.manifest.shards)
 
 
 def test_a_killed_download_leaves_no_shard(s3_server, tiny_data, tmp_path):

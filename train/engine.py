@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from .config import TrainConfig
     from .models import VideoModel
 
+# The training loss: (logits, labels) -> a scalar; an nn.Module (CrossEntropyLoss) or a plain function.
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 
 @dataclass
 class TrainState:
@@ -213,7 +216,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
-def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
+def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, criterion: Loss,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                     data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
                     save: Callable[[TrainState], None], world_size: int = 1) -> str | None:
@@ -306,7 +309,7 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
     return "max_steps" if cfg.max_steps is not None and state.step >= cfg.max_steps else None
 
 
-def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
+def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, criterion: Loss,
                       scaler: torch.amp.GradScaler, batch: dict, data: TrainData, state: TrainState,
                       cfg: StepConfig) -> torch.Tensor:
     """The micro-batches of one step, forward and backward; returns the step's loss (the gradients accumulate)."""

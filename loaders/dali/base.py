@@ -24,7 +24,7 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
 
 import gc
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -146,6 +146,9 @@ def check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+_Loader = TypeVar("_Loader", bound="DaliLoaderBase")  # ``with`` gives the loader its own class
+
+
 class DaliLoaderBase(EpochPosition):
     """What both DALI loaders share: argument checks, the preset, the conversion, the pipeline's lifetime."""
 
@@ -214,7 +217,7 @@ class DaliLoaderBase(EpochPosition):
         """Stop the pipeline, its threads and worker processes (a later iteration builds a new one)."""
         self._slot.close()
 
-    def __enter__(self) -> DaliLoaderBase:
+    def __enter__(self: _Loader) -> _Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
