@@ -7,7 +7,7 @@ import itertools
 import math
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -186,10 +186,10 @@ class StepConfig:
                    stop_within_step=cfg.world_size == 1 and not cfg.compile, heartbeat=heartbeat)
 
 
-def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
-                downsample: int = 1) -> torch.Tensor:
+def model_input(clips: torch.Tensor, mean: Sequence[float], std: Sequence[float], device: torch.device,
+                channels_last: bool, downsample: int = 1) -> torch.Tensor:
     """uint8 (N, T, H, W, C) -> normalised float (N, C, T, H, W) on ``device``, optionally pooled 2D."""
-    x = to_model_input(clips, mean=mean, std=std, device=device, channels_last=channels_last)
+    x: torch.Tensor = to_model_input(clips, mean=mean, std=std, device=device, channels_last=channels_last)
     if downsample > 1:
         # Spatial average pooling after the crop: a cheap low-resolution input for CPU demos.
         x = nn.functional.avg_pool3d(x, (1, downsample, downsample))
@@ -212,7 +212,7 @@ def colour_permutation(x: torch.Tensor, index: torch.Tensor, epoch: int, seed: i
     return x[torch.arange(x.shape[0], device=x.device)[:, None], perm]
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 

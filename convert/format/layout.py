@@ -239,7 +239,8 @@ def header_len(value: bytes | memoryview) -> int:
     """36 + the video id's length, read from a value's first bytes (no other checks)."""
     if len(value) < HEADER_SIZE:
         raise FormatError(f"value of {len(value)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    return HEADER_SIZE + struct.unpack_from("<H", value, VIDEO_ID_LEN_OFFSET)[0]
+    vid_len: int = struct.unpack_from("<H", value, VIDEO_ID_LEN_OFFSET)[0]
+    return HEADER_SIZE + vid_len
 
 
 def unpack_header(header: bytes | memoryview, *, value_len: int | None = None) -> ClipHeader:

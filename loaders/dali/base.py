@@ -24,6 +24,7 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
 
 import gc
 import weakref
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -90,7 +91,7 @@ class PipeSlot:
             gc.collect()  # a pipeline can sit in reference cycles: free its threads and memory now
 
 
-def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Any:
+def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Sequence[Any]:
     """The pipeline's next outputs; any failure a one-line ``FormatError`` naming ``root`` and the cause.
 
     The one error path of both routes. A FormatError raised in this process
@@ -101,7 +102,8 @@ def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Any:
     of DALI's message that says what went wrong.
     """
     try:
-        return pipe.run(stream) if stream is not None else pipe.run()
+        outputs: Sequence[Any] = pipe.run(stream) if stream is not None else pipe.run()
+        return outputs
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure of a pipeline becomes one line naming the data

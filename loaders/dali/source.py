@@ -210,7 +210,8 @@ class DaliClipLoader(DaliLoaderBase):
         epoch = self.epoch if epoch is None else epoch
         position = self.position if position is None else position
         count = sum(self._order.valid(position, b) for b in range(self._order.batches(position)))
-        return self._order.share(epoch)[position:position + count].copy()
+        indices: np.ndarray = self._order.share(epoch)[position:position + count].copy()
+        return indices
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
