@@ -22,6 +22,7 @@ Run it from the repository root; docs/benchmarks.md records its tables.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -195,7 +196,7 @@ def _rows(paths: list[str], tree: str, scratch: str, workers: int, with_decord: 
     runs: dict[str, Callable[[], tuple[int, float, float]]] = {BASE: lambda: _parallel(_pyav_decode, paths, workers)}
     for name, (backend, codec) in CONVERSIONS.items():
         out = os.path.join(scratch, f"{backend}-{codec}")
-        runs[name] = lambda out=out, b=backend, c=codec: _convert(tree, out, workers, b, c)
+        runs[name] = functools.partial(_convert, tree, out, workers, backend, codec)
     runs["decode-only: PyAV + VideoFrame.reformat"] = lambda: _parallel(_pyav_reformat, paths, workers)
     if with_decord:
         runs[DECORD] = lambda: _parallel(_decord_decode, paths, workers)

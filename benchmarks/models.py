@@ -50,7 +50,7 @@ def saved_bytes(model: nn.Module, clip: torch.Tensor) -> int:
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in weights:
-            saved[(ptr, t.storage_offset(), tuple(t.shape))] = t.numel() * t.element_size()
+            saved[(ptr, int(t.storage_offset()), tuple(int(d) for d in t.shape))] = t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

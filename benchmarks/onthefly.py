@@ -56,10 +56,11 @@ class OnTheFlyVideoDataset(Dataset):
         self.preset = preset
         self.clip_len = clip_len
         self.seed = seed
-        self.spec = FrameSpec(size=tuple(size), threads=threads)
+        height, width = size
+        self.spec = FrameSpec(size=(height, width), threads=threads)
         self.epoch = 0
         self.clip_shape = preset.out_shape(clip_len)
-        preset.params(0, 0, (clip_len, *self.spec.size))  # fail now if the crop cannot fit
+        preset.params(0, 0, (clip_len, height, width))  # fail now if the crop cannot fit
 
     def __len__(self) -> int:
         return len(self.items)

@@ -116,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
             rows.append((order, label, t_open, rate, rate / base, opened / total, fetched / total))
     print(f"\n{'order':<8} {'source':<28} {'open s':>7} {'clips/s':>8} {'x local':>8} {'open: bytes/data':>17} "
           f"{'epoch: bytes/data':>18}")
-    for order, label, t_open, rate, ratio, opened, fetched in rows:
-        print(f"{order:<8} {label:<28} {t_open:7.2f} {rate:8.1f} {ratio:8.2f} {opened:17.2f} {fetched:18.2f}")
+    for order, label, t_open, rate, ratio, opened_share, fetched_share in rows:
+        print(f"{order:<8} {label:<28} {t_open:7.2f} {rate:8.1f} {ratio:8.2f} {opened_share:17.2f} "
+              f"{fetched_share:18.2f}")
     server.shutdown()
     if not args.root:
         shutil.rmtree(work, ignore_errors=True)

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from convert.format import ClipHeader
 from convert.store import ClipStore, open_clips
 from convert.store.cache import CacheSettings
 
@@ -35,7 +36,7 @@ from .cropread import crop_into
 from .presets import ClipPreset
 
 
-class ClipBatch(list):
+class ClipBatch(list[dict]):
     """Per-sample dicts of one ``__getitems__`` call, plus ``collated``: the same batch as one dict."""
 
     def __init__(self, samples: list[dict], collated: dict) -> None:
@@ -183,7 +184,7 @@ class ClipDataset(Dataset):
         clips, labels, cidx, index = out["clip"], out["label"], out["clip_index"], out["index"]
         vids: list = [None] * len(pairs)
 
-        def fill(pos: int, header, payload: memoryview) -> None:
+        def fill(pos: int, header: ClipHeader, payload: memoryview) -> None:
             epoch, i = pairs[pos]
             crop_into(header, payload, clips[pos], self.preset, epoch, i, verify=self.verify_checksums)
             labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id

@@ -28,7 +28,8 @@ def mix64(x: np.ndarray | np.uint64) -> np.ndarray | np.uint64:
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        mixed: np.ndarray | np.uint64 = x ^ (x >> np.uint64(31))
+        return mixed
 
 
 def mix64_int(x: int) -> int:
@@ -82,7 +83,8 @@ def keyed_uniform(key: tuple[int, ...], index: np.ndarray, draw: int = 0) -> np.
     with np.errstate(over="ignore"):
         hi = mix64(np.uint64(h) ^ (idx + np.uint64(GOLDEN)))
         bits = mix64(hi + np.uint64((draw + 1) * GOLDEN & _M64))
-    return (bits >> np.uint64(11)).astype(np.float64) * _UNIT
+    unit: np.ndarray = (bits >> np.uint64(11)).astype(np.float64) * _UNIT
+    return unit
 
 
 __all__ = ["GOLDEN", "KeyedDraws", "keyed_uniform", "mix64", "mix64_int"]

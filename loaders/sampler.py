@@ -135,7 +135,8 @@ class RandomOrder(ClipOrder):
     name = "random"
 
     def arrange(self, candidates: np.ndarray, rng: _KeyedDraws) -> np.ndarray:
-        return candidates[rng.permutation(candidates.size)]
+        arranged: np.ndarray = candidates[rng.permutation(candidates.size)]
+        return arranged
 
 
 class BlockOrder(ClipOrder):
@@ -402,6 +403,8 @@ class DistributedClipSampler(Sampler, EpochPosition):
     ``clip_shards``: each clip's shard, ``clip_shards(store)``), for shards
     fetched whole into a bounded cache.
     """
+
+    num_samples: int  # an attribute here (EpochPosition leaves it to the subclass)
 
     def __init__(self, n: int, *, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, with_epoch: bool = True, order: str | ClipOrder = "random",

@@ -226,7 +226,8 @@ class ThreadedClipLoader:
         """Read ``items[start:stop]`` into rows start..stop of ``slot`` (runs in a reader thread)."""
         slot.wait_for_consumer()
         t0 = time.perf_counter()
-        lists = self.dataset.read_into(items[start:stop], {k: a[start:stop] for k, a in slot.arrays.items()})
+        lists: dict[str, list] = self.dataset.read_into(items[start:stop],
+                                                        {k: a[start:stop] for k, a in slot.arrays.items()})
         busy = time.perf_counter() - t0
         with self._lock:
             self._clips += stop - start

@@ -59,6 +59,7 @@ def load_script(name: str):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"scripts_{name}", os.path.join(ROOT, "scripts", f"{name}.py"))
+    assert spec is not None and spec.loader is not None  # a .py file's path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -22,13 +22,27 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Protocol
 
 import pytest
+
+from convert.store.cache import ShardCache
 
 # What the S3 client needs to reach the local server: the ecosystem's own variables, no code of ours.
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
           # botocore's and s3fs's own retries off: the project's retry loop is what the tests watch.
           "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}
+
+
+class _Cached(Protocol):
+    @property
+    def cache(self) -> ShardCache | None: ...
+
+
+def cache_of(store: _Cached) -> ShardCache:
+    """The shard cache of a store (or its source) opened from a URL."""
+    assert store.cache is not None, "not opened from a URL"
+    return store.cache
 
 
 class _Gate:

@@ -265,15 +265,13 @@ def test_load_source_refuses_a_split_for_a_folder_of_class_folders(tmp_path):
 def test_a_plan_that_recorded_a_split_for_a_folder_source_reruns_without_it(tmp_path):
     """An OUT written when --split was still ignored for class folders: its rerun, now without --split (which
     is refused), is the same source, not another split."""
-    from types import SimpleNamespace
-
-    from convert.worker.plan import ConvertConfig, PlanError, check_same
+    from convert.worker.plan import ConvertConfig, Plan, PlanError, check_same
 
     config = ConvertConfig()
     info = {"path": str(tmp_path / "src"), "videos": None, "split": None}
-    folders = SimpleNamespace(config=config, source={**info, "split": "train", "kind": "folders"})
+    folders = Plan(config, [], [], source={**info, "split": "train", "kind": "folders"})
     check_same(folders, config, info, str(tmp_path))
-    csv = SimpleNamespace(config=config, source={**info, "split": "train", "kind": "csv"})
+    csv = Plan(config, [], [], source={**info, "split": "train", "kind": "csv"})
     with pytest.raises(PlanError, match="was converted with --split train, not None; use another OUT or the same"):
         check_same(csv, config, info, str(tmp_path))
 

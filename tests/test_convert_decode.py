@@ -39,7 +39,7 @@ def test_shared_file_decodes_as_specified(videos, name):
     assert frames.shape == (n, 128, 171, 3) and frames.dtype == np.uint8
     assert (damage is not None) == damaged
     if damaged:
-        assert "InvalidDataError after 28 good frames" in damage
+        assert damage is not None and "InvalidDataError after 28 good frames" in damage
     # Real pictures, not blank buffers.
     assert frames.std() > 1.0 or name == "moviepy__no_duration.webm"
 
@@ -81,7 +81,7 @@ def test_truncated_file_keeps_frames_before_the_cut(videos, tmp_path, name, tota
     full, _ = decode_all(videos.path(name), FrameSpec())
     frames, damage = decode_all(str(cut), FrameSpec())
     assert 0 < len(frames) < total
-    assert damage.startswith(("truncated: ", "corrupt frame after"))
+    assert damage is not None and damage.startswith(("truncated: ", "corrupt frame after"))
     assert np.array_equal(frames, full[: len(frames)])
 
 
@@ -145,7 +145,7 @@ def test_first_video_stream_is_the_one_decoded(tmp_path):
     assert r > 180 and b < 60
 
 
-def _vfr(path: str, n: int = 160, **options: str) -> str:
+def _vfr(path: str, n: int = 160, /, **options: str) -> str:
     """Variable frame rate: gaps of 20 ms and 60 ms alternate, the stream declares 50 fps.
 
     Frame k is a flat grey of level 4 * (k % 64), so decoded frames say their index.
@@ -192,7 +192,7 @@ def test_truncated_variable_frame_rate_video_is_still_truncated(tmp_path, ext):
     frames, damage = decode_all(str(cut), FrameSpec(size=(32, 32)))
     assert 0 < len(frames) < 150
     # The mkv ends cleanly before its stated end; the mp4's last packet is cut mid-way.
-    assert damage.startswith("truncated: " if ext == "mkv" else "InvalidDataError after")
+    assert damage is not None and damage.startswith("truncated: " if ext == "mkv" else "InvalidDataError after")
     assert np.array_equal(frames, full[: len(frames)])
 
 

@@ -29,6 +29,20 @@ def finished(tmp_path_factory, videos) -> tuple[str, dict]:
     return out, manifest
 
 
+def _read(child: _Child) -> dict:
+    """The shard process's next message (None, its end closed, is not one)."""
+    msg = child.read(timeout=60)
+    assert msg is not None
+    return msg
+
+
+def _server() -> forkserver._Server:
+    """The running fork server."""
+    server = forkserver._server
+    assert server is not None
+    return server
+
+
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -42,13 +56,13 @@ def test_a_shard_process_answers_and_exits_the_same_forked_or_started(finished, 
     try:
         if forked:
             assert isinstance(child.proc, forkserver.ForkedProcess)
-            assert _ppid(child.proc.pid) == forkserver._server.proc.pid
+            assert _ppid(child.proc.pid) == _server().proc.pid
         else:
             assert isinstance(child.proc, subprocess.Popen)
-        hello = child.read(timeout=60)
+        hello = _read(child)
         assert {k: hello[k] for k in ("ready", "done", "complete")} == {"ready": True, "done": [0], "complete": True}
         child.send({"op": "finish"})
-        summary = child.read(timeout=60)
+        summary = _read(child)
         assert summary["finished"] is True and summary["sha256"] == manifest["shards"][0]["sha256"]
         assert child.read(timeout=60) is None  # it closed its end
         assert child.reap() == 0
@@ -62,7 +76,7 @@ def test_a_forked_shard_process_killed_reports_the_signal(finished):
     child = _Child(out, 0, ShardOptions())
     try:
         assert isinstance(child.proc, forkserver.ForkedProcess)
-        assert child.read(timeout=60)["ready"] is True
+        assert _read(child)["ready"] is True
         assert child.proc.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
             child.proc.wait(timeout=0.05)
@@ -118,9 +132,9 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
     def one_shard() -> subprocess.Popen | forkserver.ForkedProcess:
         child = _Child(out, 0, ShardOptions())
         try:
-            assert child.read(timeout=60)["complete"] is True
+            assert _read(child)["complete"] is True
             child.send({"op": "finish"})
-            assert child.read(timeout=60)["finished"] is True
+            assert _read(child)["finished"] is True
             assert child.reap() == 0
             return child.proc
         finally:
@@ -128,7 +142,7 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
             child.close()
 
     assert isinstance(one_shard(), forkserver.ForkedProcess)
-    broken = forkserver._server
+    broken = _server()
     # The request fails on a socket whose other end is gone, while the server itself is still up (closing its
     # real socket would let it see the close and exit first, and the next spawn would start a new server).
     real = broken.sock
@@ -140,7 +154,7 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
         real.close()
     assert broken.proc.poll() is not None and forkserver._server is None
     assert isinstance(one_shard(), forkserver.ForkedProcess)  # a new server
-    dead = forkserver._server
+    dead = _server()
     dead.proc.kill()
     dead.proc.wait()
     assert isinstance(one_shard(), forkserver.ForkedProcess) and forkserver._server is not dead
@@ -152,12 +166,12 @@ def test_a_server_closed_while_its_children_run_stays_until_they_end(finished):
     child = _Child(out, 0, ShardOptions())
     try:
         assert isinstance(child.proc, forkserver.ForkedProcess)
-        server = forkserver._server
-        assert child.read(timeout=60)["ready"] is True
+        server = _server()
+        assert _read(child)["ready"] is True
         forkserver.stop()  # what the job's exit does: it does not wait, nor kill the running child
         assert forkserver._server is None and server.proc.poll() is None
         child.send({"op": "finish"})
-        assert child.read(timeout=60)["sha256"] == manifest["shards"][0]["sha256"]
+        assert _read(child)["sha256"] == manifest["shards"][0]["sha256"]
         assert child.reap() == 0  # the status still comes from the server ...
         assert server.proc.wait(timeout=10) == 0  # ... which then ends
     finally:

@@ -231,7 +231,7 @@ if __name__ == "__main__":  # print the expected values computed by the code as 
         roots = {"synthetic": stand_ins.write_all(os.path.join(tmp, "stand_ins"))}
         if os.path.isdir(conftest.SHARED_VIDEOS):
             roots["real"] = conftest.SHARED_VIDEOS
-        result = {"synthetic_pictures": stand_ins.pictures_digest(roots["synthetic"])}
+        result: dict[str, object] = {"synthetic_pictures": stand_ins.pictures_digest(roots["synthetic"])}
         for tier, root in roots.items():
             tree = os.path.join(tmp, tier)
             for cls, names in LAYOUT.items():

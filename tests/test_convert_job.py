@@ -240,9 +240,9 @@ def test_verify_names_what_is_wrong(synth_videos, tmp_path):
     env = lmdb.open(str(out / "shards" / "shard-00001"), map_size=1 << 30)
     with env.begin(write=True) as txn:
         key, value = next(iter(txn.cursor()))
-        value = bytearray(value)
-        value[-1] ^= 0xFF
-        txn.put(key, bytes(value))
+        changed = bytearray(value)
+        changed[-1] ^= 0xFF
+        txn.put(key, bytes(changed))
     env.close()
     r = run_cli("verify", str(out))
     assert r.returncode == 1

@@ -22,7 +22,12 @@ def test_shards_run_largest_first_when_workers_take_several(tmp_path, monkeypatc
     assert [schedule._source_bytes(s) for s in shards] == [20, 300, 120, 0]
     plan = Plan(ConvertConfig(), ["c"], shards)
     order = []
-    monkeypatch.setattr(schedule, "run_shard", lambda out, i, *a: order.append(i) or {"index": i})
+
+    def run_shard(out, i, *a):
+        order.append(i)
+        return {"index": i}
+
+    monkeypatch.setattr(schedule, "run_shard", run_shard)
     schedule.run_shards(str(tmp_path), plan, JobOptions(workers=1, progress=False))
     assert order == [1, 2, 0, 3]
     order.clear()

@@ -70,7 +70,7 @@ def _committed_videos(out: str, backend: str = "lmdb") -> int:
 def _shard_content(out: str, backend: str = "lmdb") -> dict:
     """Every clip key and value, shard by shard (the checksum would hide which differ); another backend's clips
     by identity, as its reader reads them."""
-    result = {}
+    result: dict[str, list[tuple[object, bytes]]] = {}  # a clip's key: its LMDB key, or (video id, clip index)
     for meta in json.load(open(os.path.join(out, "manifest.json")))["shards"]:
         if backend != "lmdb":
             reader = BACKENDS[backend].reader(os.path.join(out, meta["path"]))

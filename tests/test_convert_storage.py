@@ -156,7 +156,8 @@ def test_sigbus_is_the_machines_fault_only_when_the_disk_is_full(tmp_path, monke
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(supervise.shutil, "disk_usage", lambda p: usage._replace(free=10 << 20))
-    assert "SIGBUS" in supervise.machine_cause(str(tmp_path), -signal.SIGBUS)
+    cause = supervise.machine_cause(str(tmp_path), -signal.SIGBUS)
+    assert cause is not None and "SIGBUS" in cause
     assert supervise.machine_cause(str(tmp_path), -signal.SIGSEGV) is None
     monkeypatch.setattr(supervise.shutil, "disk_usage", lambda p: usage._replace(free=10 << 30))
     assert supervise.machine_cause(str(tmp_path), -signal.SIGBUS) is None
@@ -171,6 +172,7 @@ def test_the_start_warns_when_the_device_looks_too_small(tiny_tree, tmp_path, mo
     out = str(tmp_path / "out")
     plan = prepare(tiny_tree, out, ConvertConfig(), JobOptions(workers=1, shards=1, progress=False))
     need = space.estimate_bytes_needed(out, plan, [0])
+    assert need is not None
     # 4 shared videos (either tier: the same frame counts), 128x171 raw: clips of 1 MB each
     assert 20 << 20 < need < 400 << 20
     said: list[str] = []

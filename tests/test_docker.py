@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from importlib.metadata import version
+from typing import Any
 
 import pytest
 import torch
@@ -38,7 +39,10 @@ COMPOSE = os.path.join(DOCKER, "docker-compose.yml")
 RESET = {"!reset": None}
 
 
-class ResetLoader(yaml.SafeLoader):
+_SafeLoader: Any = yaml.SafeLoader  # importorskip's module: its attributes are not types to mypy
+
+
+class ResetLoader(_SafeLoader):
     """YAML with the Compose Specification's ``!reset`` tag (an override's "remove this")."""
 
 
@@ -47,6 +51,7 @@ ResetLoader.add_constructor("!reset", lambda loader, node: RESET)
 
 def _docker_module(name: str):
     spec = importlib.util.spec_from_file_location(f"docker_{name}", os.path.join(DOCKER, f"{name}.py"))
+    assert spec is not None and spec.loader is not None  # a .py file's path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -282,7 +287,9 @@ def test_container_check_builds_what_the_compose_file_names():
     for dockerfile, var in set(built):
         service = services[dockerfile.split(".")[0]]
         assert (service["build"]["dockerfile"], service["image"]) == (f"docker/{dockerfile}", tags[var])
-    release = re.search(r"^RELEASE=(\w+)", text, flags=re.M).group(1)
+    found = re.search(r"^RELEASE=(\w+)", text, flags=re.M)
+    assert found is not None
+    release = found.group(1)
     for name in ("convert.Dockerfile", "train.Dockerfile"):
         assert re.findall(r"^FROM (\S+)", open(os.path.join(DOCKER, name)).read(), flags=re.M) == \
             [f"debian:{release}-slim"]

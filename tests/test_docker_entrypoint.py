@@ -22,6 +22,7 @@ from .conftest import ROOT
 def _entrypoint():
     spec = importlib.util.spec_from_file_location("docker_entrypoint_refusals",
                                                   os.path.join(ROOT, "docker", "entrypoint.py"))
+    assert spec is not None and spec.loader is not None  # a .py file's path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

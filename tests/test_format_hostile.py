@@ -123,7 +123,9 @@ def _write_record(shard: str, video_id: str, change) -> None:
     env = lmdb.open(shard, subdir=True, max_dbs=0, lock=False,
                     map_size=os.path.getsize(os.path.join(shard, "data.mdb")) * 2 + (64 << 20))
     with env.begin(write=True) as txn:
-        rec = json.loads(txn.get(done_key(video_id)))
+        stored = txn.get(done_key(video_id))
+        assert stored is not None
+        rec = json.loads(stored)
         change(rec)
         txn.put(done_key(video_id), json.dumps(rec).encode())
     env.close()

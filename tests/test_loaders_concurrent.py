@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import re
 
+import lmdb
 import numpy as np
 import pytest
 
@@ -54,9 +55,15 @@ def test_spawned_readers_return_correct_values(raw_root):
 def _read_in_child(path: str, key: bytes, queue) -> None:
     try:
         with HANDLES.get(path).begin() as txn:
-            queue.put(len(txn.get(key)))
+            queue.put(len(_value(txn, key)))
     except Exception as exc:  # noqa: BLE001 - report any failure to the parent, which asserts on it
         queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def _value(txn: lmdb.Transaction, key: bytes) -> bytes | memoryview:
+    value = txn.get(key)
+    assert value is not None, key
+    return value
 
 
 def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
@@ -67,7 +74,7 @@ def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
     path = store.shard_paths[int(shards[0])]
     keys = [clip_key(*refs[0])]
     with HANDLES.get(path).begin() as txn:
-        size = len(txn.get(keys[0]))
+        size = len(_value(txn, keys[0]))
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_read_in_child, args=(path, keys[0], queue))
@@ -76,7 +83,7 @@ def test_forked_child_reopens_a_shard_its_parent_has_open(raw_root):
     child.join(timeout=60)
     assert got == size
     with HANDLES.get(path).begin() as txn:  # the parent's handle still works
-        assert len(txn.get(keys[0])) == size
+        assert len(_value(txn, keys[0])) == size
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")

@@ -322,7 +322,9 @@ def test_damaged_value_is_a_one_line_dataset_error_naming_the_key(shards, tmp_pa
         HANDLES.forget(p)  # this process's read handles, so the shard can be opened for writing
     env = lmdb.open(path, lock=False, map_size=os.path.getsize(os.path.join(path, "data.mdb")) * 2 + (64 << 20))
     with env.begin(write=True) as txn:
-        value = bytearray(txn.get(key))
+        stored = txn.get(key)
+        assert stored is not None
+        value = bytearray(stored)
         value[-10] ^= 0xFF
         txn.put(key, bytes(value))
     env.close()

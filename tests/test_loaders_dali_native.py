@@ -310,7 +310,7 @@ def test_close_and_collection_stop_the_pipeline_threads(tf_roots):
     preset = ClipPreset(train=False, crop_size=CROP)
     with DaliTFRecordLoader(tf_roots["raw"], train=False, batch_size=BS, threads=3, preset=preset) as loader:
         next(iter(loader))
-        assert loader._slot.pipe.exec_dynamic is True  # run(stream) on a GPU needs it
+        assert loader._slot.pipe is not None and loader._slot.pipe.exec_dynamic is True  # run(stream) on a GPU needs it
         assert _threads() >= before + 3  # DALI's worker threads
     assert loader._slot.pipe is None and _threads() == before
     loader = DaliTFRecordLoader(tf_roots["raw"], train=False, batch_size=BS, threads=3, preset=preset)
@@ -474,6 +474,7 @@ def test_centre_anchors_and_relative_positions_are_exact_in_dali_arithmetic():
     crop_mirror_normalize the exact anchor, for every slack 0..150 and every anchor of a few slacks."""
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
+    from nvidia.dali.tensors import TensorListCPU
 
     from loaders.dali.native import _centre_node, _relative
     from loaders.presets import _centre
@@ -491,11 +492,12 @@ def test_centre_anchors_and_relative_positions_are_exact_in_dali_arithmetic():
         img, slack, anchor = fn.external_source(source=lambda: (images, slacks, anchors), num_outputs=3,
                                                 layout=["HWC", "", ""])
         cut = fn.crop_mirror_normalize(img, crop_h=1, crop_w=side, crop_pos_y=0.0, crop_pos_x=_relative(anchor, slack),
-                                       rounding="round", dtype=types.UINT8, output_layout="HWC")
+                                       rounding="round", dtype=types.DALIDataType.UINT8, output_layout="HWC")
         pipe.set_outputs(_centre_node(slack), cut)
     pipe.build()
-    centre, cut = pipe.run()
+    centre, out = pipe.run()
     got_centre = [int(np.asarray(centre[i])) for i in range(151)]
     assert got_centre == [a for _, a in cases[:151]]
-    cut = cut.as_array()
+    assert isinstance(out, TensorListCPU)  # a CPU pipeline
+    cut = out.as_array()
     assert (cut[:, 0, 0, 0].astype(int) + 256 * cut[:, 0, 0, 1].astype(int)).tolist() == [a for _, a in cases]

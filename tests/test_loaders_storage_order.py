@@ -31,7 +31,11 @@ def _by_address(store) -> list[int]:
     for si, path in enumerate(store.shard_paths):
         mine = [(vid, c) for (vid, c) in where if store.video_shard[store.video_ids.index(vid)] == si]
         with HANDLES.get(path).begin(buffers=True) as txn:
-            address = {k: np.frombuffer(txn.get(clip_key(*k)), dtype=np.uint8).ctypes.data for k in mine}
+            address = {}
+            for k in mine:
+                value = txn.get(clip_key(*k))
+                assert value is not None, k
+                address[k] = np.frombuffer(value, dtype=np.uint8).ctypes.data
         want += [where[k] for k in sorted(mine, key=address.__getitem__)]
     return want
 

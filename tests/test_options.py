@@ -141,8 +141,8 @@ def test_every_default_is_shown_from_its_declaration():
         parser = COMMANDS[command][0]()
         text = "".join(parser.format_help().split())
         for action in _options(command):
-            s = _declared(action)
-            if s is not None and action.help:
+            declared = _declared(action)
+            if declared is not None and action.help:
                 assert "".join(action.help.replace("%%", "%").split()) in text
 
 
@@ -154,8 +154,9 @@ def test_byte_counts_are_read_by_one_parser_everywhere():
             if s is None or not s.option.byte_count:
                 continue
             found += 1
-            assert action.type("200G") == 200 << 30 and action.type("1.5GiB") == 3 << 29
+            parse = s.parse  # the option's type (``_declared`` found it so)
+            assert parse("200G") == 200 << 30 and parse("1.5GiB") == 3 << 29
             with pytest.raises(argparse.ArgumentTypeError, match=r"expected a byte count like 512M or 200G, got "
                                                                    r"'2 gallons'"):
-                action.type("2 gallons")
+                parse("2 gallons")
     assert found >= 6  # --max-memory, --map-size, --part-size, the trainer's, eval's, verify's --cache-limit...

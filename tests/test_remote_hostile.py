@@ -23,6 +23,7 @@ from convert.store import open_clips
 from convert.store.cache import CacheSettings
 from train.main import main
 
+from .remote_fixtures import cache_of
 from .train_fixtures import common, one_line_error, tiny_data, tiny_tfrecord  # noqa: F401
 
 
@@ -134,9 +135,9 @@ def test_objects_the_backend_does_not_declare_are_neither_downloaded_nor_counted
         for i in range(len(store)):
             a, b = store.get(i, verify=True), reference.get(i)
             assert a.video_id == b.video_id and np.array_equal(a.clip, b.clip)
-        listed = set(store.cache.files[0])
+        listed = set(cache_of(store).files[0])
         assert not any(name in k for k in listed for name in ("escaped", "doubled", "up", "tmp", "notes", "hidden"))
-        assert store.cache.sizes[0] == sum(os.path.getsize(os.path.join(local, shard, f)) for f in listed)
+        assert cache_of(store).sizes[0] == sum(os.path.getsize(os.path.join(local, shard, f)) for f in listed)
     finally:
         store.close()
     found = [p for p in _files_under(tmp_path) | _files_under(os.path.dirname(str(tmp_path)))
@@ -414,7 +415,7 @@ def test_what_killed_processes_left_in_the_cache_is_swept_at_open(s3_server, tin
     url = s3_server.upload(tiny_data, s3_server.bucket())
     store = open_clips(url, cache=_settings(tmp_path))
     store.get(0)
-    cache_dir, shards = store.cache.dir, os.path.dirname(store.cache.local_path(0))
+    cache_dir, shards = cache_of(store).dir, os.path.dirname(cache_of(store).local_path(0))
     names = [s.name for s in store.manifest.shards]
     store.close()
     dead = 2**22 + 12345  # above the default pid_max of 4M: no live process has it
@@ -444,15 +445,15 @@ def test_default_limits_of_two_urls_under_one_cache_root_share_its_disk(s3_serve
         first = open_clips(s3_server.upload(tiny_data, s3_server.bucket()), cache=settings)
         for i in range(len(first)):
             first.get(i)
-        held = first.cache.held_bytes()
+        held = cache_of(first).held_bytes()
         assert held > 0
         free = shutil.disk_usage(disk).free
         second = open_clips(s3_server.upload(tiny_tfrecord, s3_server.bucket()), cache=settings)
-        own = os.path.join(first.cache.dir, "shards")
+        own = os.path.join(cache_of(first).dir, "shards")
         on_disk = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(own) for n in ns)
         # Within what the second mirror's own metadata took from the disk meanwhile.
-        assert abs(second.cache.limit - (int((free + on_disk) * DEFAULT_FRACTION) - on_disk)) < 64 << 10
-        assert second.cache.limit + held <= (free + held) * DEFAULT_FRACTION + (64 << 10)
+        assert abs(cache_of(second).limit - (int((free + on_disk) * DEFAULT_FRACTION) - on_disk)) < 64 << 10
+        assert cache_of(second).limit + held <= (free + held) * DEFAULT_FRACTION + (64 << 10)
         first.close()
         second.close()
     finally:

@@ -25,7 +25,7 @@ from convert.store.remote import RemoteError
 
 from .backend_params import with_test_backends
 from .conftest import REAL_CACHE_DIR, ROOT
-from .remote_fixtures import copy_conversion, serve_folder
+from .remote_fixtures import cache_of, copy_conversion, serve_folder
 from .train_fixtures import tiny_as, tiny_data, tiny_tfrecord
 
 
@@ -84,12 +84,12 @@ def test_s3_lmdb_reads_as_local(s3_server, tiny_data, tmp_path):
     assert store.url == url and store.cache is not None
     _same_clips(store, open_clips(tiny_data))
     assert np.array_equal(store.storage_order(), open_clips(tiny_data).storage_order())
-    assert sorted(store.cache.downloads()) == sorted(s.name for s in store.manifest.shards)
+    assert sorted(cache_of(store).downloads()) == sorted(s.name for s in store.manifest.shards)
     store.close()
     # A second open (another rank, a resume) uses the cache's index and shards: nothing downloaded again.
     again = open_clips(url, cache=_settings(tmp_path))
     _same_clips(again, open_clips(tiny_data))
-    assert again.cache.fetched == 0
+    assert cache_of(again).fetched == 0
 
 
 def test_http_tfrecord_reads_as_local(tiny_tfrecord, tmp_path):
@@ -106,9 +106,9 @@ def test_a_conversion_indexed_from_small_files_opens_without_downloading_its_bul
     local = tiny_as(backend, tiny_data)
     url = s3_server.upload(local, s3_server.bucket())
     store = open_clips(url, cache=_settings(tmp_path))
-    assert store.cache.downloads() == [] and len(store) == len(open_clips(local))
+    assert cache_of(store).downloads() == [] and len(store) == len(open_clips(local))
     store.get(0)
-    assert store.cache.downloads() == [store.manifest.shards[0].name]
+    assert cache_of(store).downloads() == [store.manifest.shards[0].name]
 
 
 def test_an_lmdb_conversion_opens_from_its_index_files_alone(s3_server, tiny_data, tmp_path):
@@ -117,10 +117,10 @@ def test_an_lmdb_conversion_opens_from_its_index_files_alone(s3_server, tiny_dat
     url = s3_server.upload(tiny_data, s3_server.bucket())
     store = open_clips(url, cache=_settings(tmp_path))
     local = open_clips(tiny_data)
-    assert store.cache.downloads() == [] and store.cache.fetched_bytes == 0
+    assert cache_of(store).downloads() == [] and cache_of(store).fetched_bytes == 0
     assert len(store) == len(local) and np.array_equal(store.storage_order(), local.storage_order())
     store.get(0)
-    assert store.cache.downloads() == [store.manifest.shards[0].name]
+    assert cache_of(store).downloads() == [store.manifest.shards[0].name]
     _same_clips(store, local)
 
 
@@ -141,7 +141,7 @@ def test_an_lmdb_conversion_without_index_files_opens_by_downloading_its_shards(
         del manifest["shard_files"]
     json.dump(manifest, open(path, "w"))
     store = open_clips(s3_server.upload(old, s3_server.bucket()), cache=_settings(tmp_path))
-    assert sorted(store.cache.downloads()) == sorted(s.name for s in store.manifest.shards)
+    assert sorted(cache_of(store).downloads()) == sorted(s.name for s in store.manifest.shards)
     _same_clips(store, open_clips(tiny_data))
 
 
@@ -293,13 +293,13 @@ def test_endpoint_and_credentials_from_fsspec_configuration(s3_server, tiny_tfre
 def test_cache_smaller_than_the_data(s3_server, tiny_tfrecord, tmp_path):
     url = s3_server.upload(tiny_tfrecord, s3_server.bucket())
     probe = open_clips(url, cache=_settings(tmp_path / "probe"))
-    sizes = probe.cache.sizes
+    sizes = cache_of(probe).sizes
     assert len(sizes) >= 3
     limit = 2 * max(sizes)  # one shard read, one prefetched: less than the data
     with pytest.raises(CacheFullError, match="cache limit"):
         ShardCache(url, _settings(tmp_path, limit=max(sizes), prefetch=1))
     store = open_clips(url, cache=_settings(tmp_path, limit=limit, prefetch=1))
-    cache = store.cache
+    cache = cache_of(store)
     before = len(cache.downloads())
     # Shard by shard (what a shard-windowed order does): each shard downloaded once per pass.
     order = np.argsort(store.shards_of(np.arange(len(store))), kind="stable")
@@ -333,7 +333,7 @@ def test_processes_share_one_cache(s3_server, tiny_data, tmp_path):
         p.join(120)
         assert p.exitcode == 0
     store = open_clips(url, cache=CacheSettings(cache_dir=cache_dir))
-    assert sorted(store.cache.downloads()) == sorted(s.name for s in store.manifest.shards)
+    assert sorted(cache_of(store).downloads()) == sorted(s.name for s in store.manifest.shards)
 
 
 def test_a_killed_download_leaves_no_shard(s3_server, tiny_data, tmp_path):

@@ -14,6 +14,7 @@ import torch
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
 
+from .remote_fixtures import cache_of
 from .train_fixtures import assert_states_equal, common, final_state, one_line_error, tiny_data, tiny_tfrecord
 
 # 40 clips, batch 8: 5 steps per epoch.
@@ -73,8 +74,8 @@ def test_server_gone_mid_epoch_then_resume(s3_server, tiny_data, tmp_path, capsy
     from convert.store.cache import CacheSettings
 
     probe = open_clips(url, cache=CacheSettings(cache_dir=str(tmp_path / "probe")))
-    limit = 3 * max(probe.cache.sizes)
-    assert limit < sum(probe.cache.sizes)
+    limit = 3 * max(cache_of(probe).sizes)
+    assert limit < sum(cache_of(probe).sizes)
     probe.close()
     args = ARGS + ["--epochs", "2"]
     run_argv(common(tiny_data, tmp_path / "local") + args)

@@ -17,6 +17,7 @@ import pytest
 
 from convert.store.cache import CacheSettings
 
+from .remote_fixtures import cache_of
 from .train_fixtures import tiny_data, tiny_tfrecord
 
 WINDOW = 2
@@ -250,6 +251,6 @@ def _shard_sizes(url: str, tmp_path) -> list[int]:
     from convert.store import open_clips
 
     store = open_clips(url, cache=CacheSettings(cache_dir=str(tmp_path / "probe")))
-    sizes = list(store.cache.sizes)
+    sizes = list(cache_of(store).sizes)
     store.close()
     return sizes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -37,6 +38,7 @@ def test_resolution_gives_exact_values(tiny_data, tmp_path, monkeypatch):
     assert (cfg.device, cfg.amp, cfg.amp_dtype, cfg.dist_backend, cfg.world_size) == ("cpu", "off", None, None, 1)
     assert (cfg.loader, cfg.workers) == ("threads", 16)  # every core, at most 16 threads
     assert (cfg.clip_len, cfg.epoch_samples, cfg.steps_per_epoch, cfg.eval_batch_size) == (16, 40, 5, 8)
+    assert cfg.lr_plan is not None
     assert cfg.lr_plan.lr == pytest.approx(0.003 * 8 / 30) and cfg.lr_plan.warmup_steps == 0
     assert cfg.model_crop == 32 and cfg.global_batch == 8 and not cfg.auto_batch and not cfg.verify_data
     assert cpu_config(argv + ["--loader", "processes"]).workers == 8  # one core fewer, at most 8
@@ -49,6 +51,7 @@ def test_resolution_gives_exact_values(tiny_data, tmp_path, monkeypatch):
     # Two processes: each trains on 20 clips per epoch; the lr follows the global batch of 16.
     two = resolve_config(build_parser().parse_args(argv), DistInfo(1, 2, 1, CPU, "gloo"))
     assert (two.world_size, two.epoch_samples, two.steps_per_epoch, two.global_batch) == (2, 20, 2, 16)
+    assert two.lr_plan is not None
     assert two.lr_plan.lr == pytest.approx(0.003 * 16 / 30) and two.dist_backend == "gloo"
     with pytest.raises(TrainError, match=r"an epoch gives each of the 2 process\(es\) 20 clips, fewer than one "
                                          r"batch of 21"):
@@ -57,23 +60,25 @@ def test_resolution_gives_exact_values(tiny_data, tmp_path, monkeypatch):
 
 def test_config_is_frozen_and_validates_with_allowed_values(tiny_data, tmp_path):
     cfg = cpu_config(common(tiny_data, tmp_path) + ["--batch-size", "8"])
+    untyped: Any = cfg  # the assignment and the call the types forbid, which must fail at run time too
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.batch_size = 16
+        untyped.batch_size = 16
     with pytest.raises(TypeError):
-        TrainConfig(cfg.to_dict())  # keyword-only
-    cases = [({"loader": "lmdb"}, "--loader 'lmdb': expected one of threads, processes, dali"),
-             ({"amp": "fp32"}, "--amp 'fp32': expected one of bf16, fp16, off"),
-             ({"eval_protocol": "5x3"}, "--eval-protocol '5x3': expected one of clips, 10x3"),
-             ({"workers": -1}, "--workers must be an integer >= 0, got -1"),
-             ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1.0"),
-             ({"auto_headroom": 0.0}, "--auto-headroom must be in (0, 1], got 0.0"),
-             ({"amp": "fp16"}, "--amp fp16 needs CUDA"),
-             ({"device": "tpu"}, "--device 'tpu': expected cpu, cuda or cuda:N"),
-             ({"batch_size": 9, "accum_steps": 2}, "--batch-size 9 is not divisible by --accum-steps 2"),
-             ({"steps_per_epoch": 4}, "steps_per_epoch 4 is not epoch_samples 40 // batch_size 8"),
-             ({"order": "sorted"}, "--order 'sorted': expected one of random, blocks"),
-             ({"order_window": 0}, "--order-window must be an integer >= 1, got 0"),
-             ({"order": "blocks", "loader": "dali"}, "--order blocks needs --loader threads or processes")]
+        type(untyped)(cfg.to_dict())  # keyword-only
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"loader": "lmdb"}, "--loader 'lmdb': expected one of threads, processes, dali"),
+        ({"amp": "fp32"}, "--amp 'fp32': expected one of bf16, fp16, off"),
+        ({"eval_protocol": "5x3"}, "--eval-protocol '5x3': expected one of clips, 10x3"),
+        ({"workers": -1}, "--workers must be an integer >= 0, got -1"),
+        ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1.0"),
+        ({"auto_headroom": 0.0}, "--auto-headroom must be in (0, 1], got 0.0"),
+        ({"amp": "fp16"}, "--amp fp16 needs CUDA"),
+        ({"device": "tpu"}, "--device 'tpu': expected cpu, cuda or cuda:N"),
+        ({"batch_size": 9, "accum_steps": 2}, "--batch-size 9 is not divisible by --accum-steps 2"),
+        ({"steps_per_epoch": 4}, "steps_per_epoch 4 is not epoch_samples 40 // batch_size 8"),
+        ({"order": "sorted"}, "--order 'sorted': expected one of random, blocks"),
+        ({"order_window": 0}, "--order-window must be an integer >= 1, got 0"),
+        ({"order": "blocks", "loader": "dali"}, "--order blocks needs --loader threads or processes")]
     for change, message in cases:
         with pytest.raises(TrainError) as err:
             dataclasses.replace(cfg, **change)
@@ -93,6 +98,7 @@ def test_auto_batch_is_the_one_late_step(tiny_data, tmp_path, monkeypatch, capsy
     assert pending.eval_batch_size == 5
     done = pending.with_batch(16)
     assert (done.batch_size, done.steps_per_epoch, done.eval_batch_size) == (16, 2, 5)
+    assert done.lr_plan is not None
     assert done.lr_plan.lr == pytest.approx(0.003 * 16 / 30)
     assert pending.batch_size is None  # a new object; the pending one is unchanged
     assert dataclasses.replace(done, batch_size=16) == done
@@ -119,6 +125,7 @@ def test_config_round_trips_through_the_checkpoint(tiny_data, tmp_path):
     assert "args" not in saved and _plain(saved["config"])
     cfg = TrainConfig.from_dict(saved["config"])
     assert cfg == cpu_config(argv) and cfg.to_dict() == saved["config"]
+    assert cfg.lr_plan is not None
     assert cfg.verify_data and cfg.lr_plan.warmup_steps == 2  # half an epoch of 5 steps, rounded
     assert ckpt_io.check_settings(saved, cpu_config(argv), "ckpt") == cfg
 

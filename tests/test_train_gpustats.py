@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from train import gpustats
+from train.data import TrainData
 from train.engine import StepConfig, TrainState, _log_window
 from train.gpustats import GpuStats, format_gpu
 from train.metrics import MetricsLog, read_metrics
@@ -69,7 +70,7 @@ def test_log_window_records_gpu_fields(fake_props, tmp_path):
     log = MetricsLog(str(tmp_path), enabled=True, tensorboard=False)
     log.start(None)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    data = SimpleNamespace(batch_size=4, steps_per_epoch=10, loader_stats=lambda: {})
+    data = TrainData(None, None, [], (0.0,), (1.0,), batch_size=4, steps_per_epoch=10, meter=lambda: {})
     cfg = StepConfig(device=torch.device("cpu"), amp_dtype=None, accum_steps=1,
                      gpu=GpuStats(CUDA0, nvml=FakeNvml(util=71)))
     window = {"steps": 2, "finite": 2, "wait": 0.1, "start": time.perf_counter() - 1.0}

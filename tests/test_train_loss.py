@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from train import checkpoint as ckpt_io
-from train.data import build_train_data
+from train.data import TrainData, build_train_data
 from train.dist import DistInfo
 from train.engine import StepConfig, TrainState, model_input, train_one_epoch
 from train.main import main, run_argv
@@ -119,7 +119,9 @@ def test_nonfinite_loss_with_fp16_scaler_is_counted_and_skipped(tmp_path, capsys
     log.start(None)
     state = TrainState()
     cfg = StepConfig(device=CPU, amp_dtype=None, accum_steps=1, log_every=4)
-    stopped = train_one_epoch(model, None, criterion, opt, sched, scaler, _Batches(), state, cfg, log,
+    data = TrainData(_Batches(), None, ["a", "b"], _Batches.mean, _Batches.std, _Batches.batch_size,
+                     _Batches.steps_per_epoch, meter=lambda: {})
+    stopped = train_one_epoch(model, None, criterion, opt, sched, scaler, data, state, cfg, log,
                               save=lambda st: None)
     assert not stopped and state.step == 4 and state.nonfinite == 1
     assert len(weights) == 3  # the optimizer ran for the three finite steps only

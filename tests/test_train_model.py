@@ -65,7 +65,7 @@ def test_finetune_load_reinitialises_classifier_only():
     dst = C3D(3, width=0.0625, crop_size=32)
     left = load_for_finetuning(dst, state, classifier=CLASSIFIER_PREFIX)
     assert left == ["fc8.bias", "fc8.weight"]
-    assert torch.equal(dst.features.conv1.weight, src.features.conv1.weight)
+    assert torch.equal(dst.get_parameter("features.conv1.weight"), src.get_parameter("features.conv1.weight"))
     assert torch.equal(dst.fc7.weight, src.fc7.weight)
     assert dst.fc8.weight.shape == (3, dst.fc7.out_features)
     same = C3D(10, width=0.0625, crop_size=32)
@@ -87,13 +87,16 @@ def test_bf16_autocast_gradients_match_float32_on_cpu(one_thread):
     model = C3D(5, width=0.125, crop_size=64, dropout=0.0)
     x = torch.randn(4, 3, 16, 64, 64)
     y = torch.arange(4)
-    grads = {}
+    grads: dict[bool, dict[str, torch.Tensor]] = {}
     for amp in (False, True):
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             out = model(x)
         nn.functional.cross_entropy(out.float(), y).backward()
-        grads[amp] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        grads[amp] = {}
+        for n, p in model.named_parameters():
+            assert p.grad is not None
+            grads[amp][n] = p.grad.clone()
     for name, ref in grads[False].items():
         err = float((grads[True][name] - ref).norm() / ref.norm().clamp_min(1e-12))
         assert err < 0.5, (name, err)

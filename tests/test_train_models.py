@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,7 +55,9 @@ NEW = [name for name in MODELS if name != "c3d"]  # the entries C3D's own tests 
 TINY = {"width": 0.0625}
 
 
-def _tiny(name: str, classes: int = 5, **opts) -> nn.Module:
+def _tiny(name: str, classes: int = 5, **opts) -> Any:
+    """Any: the tests reach into the network's submodules by name (``model.layer2[0].conv1``), a lookup
+    ``nn.Module.__getattr__`` types as ``Tensor | Module``."""
     return build_model(name, num_classes=classes, clip_len=16, crop_size=32, **{**TINY, **opts})
 
 
@@ -181,7 +184,7 @@ def test_i3d_r50_is_mmaction2s_layout():
     assert shapes["layer1.0.downsample.0.weight"] == (256, 64, 1, 1, 1)
     assert shapes["layer4.0.downsample.0.weight"] == (2048, 1024, 1, 1, 1) and shapes["fc.weight"] == (400, 2048)
     with torch.device("meta"):
-        model = build_model("i3d_r50", num_classes=400, clip_len=64, crop_size=224)
+        model: Any = build_model("i3d_r50", num_classes=400, clip_len=64, crop_size=224)  # submodules by name
         # The workload the project was specified with: 64 frames of 224x224 leave 8 x 7 x 7 at the last stage.
         assert model.trunk(torch.empty(1, 3, 64, 224, 224)).shape == (1, 2048, 8, 7, 7)
     assert model.conv1.stride == (2, 2, 2) and model.maxpool.stride == (2, 2, 2) and model.pool2.stride == (2, 1, 1)
@@ -273,7 +276,9 @@ def test_bf16_weight_gradients_of_every_convolution_match_float32_on_cpu(one_thr
     model(x)
     for h in hooks:
         h.remove()
-    guarded = [n for n, m in convs.items() if m._bf16_wrong(seen[n].shape[2])]
+    ours = {n: m for n, m in convs.items() if isinstance(m, Conv3d)}
+    assert ours.keys() == convs.keys()  # every 3-D convolution is the project's, the one with the bf16 guard
+    guarded = [n for n, m in ours.items() if m._bf16_wrong(seen[n].shape[2])]
     assert bool(guarded) == (name != "mc3_18"), guarded  # mc3_18's 3-D convolutions all see 16 frames
     for key, conv in convs.items():
         inp = seen[key]
@@ -288,7 +293,7 @@ def test_bf16_weight_gradients_of_every_convolution_match_float32_on_cpu(one_thr
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
     nn.functional.cross_entropy(out.float(), torch.arange(4)).backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 # -- inflation from 2-D weights --------------------------------------------------------------------------------
@@ -317,6 +322,11 @@ class _Bottleneck2d(nn.Module):
 class _ResNet50_2d(nn.Module):
     """A 2-D ResNet-50 (v1.5: stride on the 3x3) with torchvision's parameter names, at a width: the 2-D network
     the test inflates from and compares with."""
+
+    layer1: nn.Sequential  # set by name in __init__
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
 
     def __init__(self, classes: int, width: float) -> None:
         super().__init__()
@@ -350,6 +360,7 @@ def _random_2d(width: float = 0.0625, classes: int = 1000, seed: int = 0) -> _Re
     net = _ResNet50_2d(classes, width)
     for m in net.modules():
         if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None  # track_running_stats is on
             m.weight.data.uniform_(0.5, 1.5)
             m.bias.data.normal_(0, 0.1)
             m.running_mean.normal_(0, 0.1)
@@ -362,6 +373,7 @@ class _ReplicateTime(nn.Module):
 
     def __init__(self, conv: nn.Conv3d) -> None:
         super().__init__()
+        assert isinstance(conv.padding, tuple)  # numbers, not "same"/"valid"
         self.pad = conv.padding[0]
         conv.padding = (0, *conv.padding[1:])
         self.conv = conv
@@ -373,7 +385,7 @@ class _ReplicateTime(nn.Module):
 def _replicate_temporal_padding(model: nn.Module) -> None:
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
-            if isinstance(child, nn.Conv3d) and child.padding[0] > 0:
+            if isinstance(child, nn.Conv3d) and isinstance(child.padding, tuple) and child.padding[0] > 0:
                 setattr(parent, child_name, _ReplicateTime(child))
 
 
@@ -395,7 +407,7 @@ def test_each_inflated_kernel_sums_over_time_to_its_2d_kernel():
 
 def test_a_temporally_constant_clip_gives_the_2d_networks_logits():
     net2d = _random_2d(classes=5)
-    model = build_model("i3d_r50", num_classes=5, clip_len=16, crop_size=32, width=0.0625,
+    model: Any = build_model("i3d_r50", num_classes=5, clip_len=16, crop_size=32, width=0.0625,  # .fc by name
                         inflate_from=net2d.state_dict())
     model.fc.load_state_dict(net2d.fc.state_dict())  # the classifier is not inflated: the test gives it
     _replicate_temporal_padding(model)
@@ -632,6 +644,7 @@ def test_accumulation_equals_two_half_batches_of_ranks(name, tiny_data, tmp_path
         loss = nn.functional.cross_entropy(model(x), batch["label"][j::2]) / 2
         loss.backward()
     for k, p in model.named_parameters():
+        assert p.grad is not None
         torch.testing.assert_close(after[k], start[k] - 0.05 * p.grad, rtol=0, atol=1e-6)
 
 
@@ -782,7 +795,7 @@ def test_the_log_gives_the_training_flops_counted_for_the_model_and_mfu_only_wit
 def test_a_bare_state_dict_with_torchvisions_names_finetunes_through_the_trainer(tiny_data, tmp_path, capsys):
     # What a user's local torchvision checkpoint is: a bare state dict of 400 classes, torchvision's key names.
     torch.manual_seed(3)
-    source = build_model("r3d_18", num_classes=400, clip_len=16, crop_size=32, width=0.0625)
+    source: Any = build_model("r3d_18", num_classes=400, clip_len=16, crop_size=32, width=0.0625)  # .fc by name
     path = tmp_path / "r3d_18_kinetics.pth"
     torch.save(source.state_dict(), path)
     run_argv(common(tiny_data, tmp_path / "ft") + ["--model", "r3d_18", "--epochs", "1", "--max-steps", "1",

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -132,12 +133,13 @@ def test_a_config_checks_what_its_declarations_say():
     given.update(workers=0, clip_len=16, device="cpu", amp="off", auto_batch=False, world_size=1, epoch_samples=40,
                  batch_size=None, steps_per_epoch=None, lr_plan=None)
     cfg = TrainConfig(**given).with_batch(8)
-    for change, message in [({"lr": float("nan")}, "--lr must be a finite number in [0, inf), got nan"),
-                            ({"verify_data": 1}, "--verify-data must be true or false, got 1"),
-                            ({"out": None}, "--out must be a string, got None"),
-                            ({"dist_backend": "mpi"}, "--dist-backend 'mpi': expected one of unset, nccl, gloo"),
-                            ({"warmup_steps": 1, "warmup_epochs": 1.0},
-                             "--warmup-steps and --warmup-epochs: give one of them")]:
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"lr": float("nan")}, "--lr must be a finite number in [0, inf), got nan"),
+        ({"verify_data": 1}, "--verify-data must be true or false, got 1"),
+        ({"out": None}, "--out must be a string, got None"),
+        ({"dist_backend": "mpi"}, "--dist-backend 'mpi': expected one of unset, nccl, gloo"),
+        ({"warmup_steps": 1, "warmup_epochs": 1.0}, "--warmup-steps and --warmup-epochs: give one of them")]
+    for change, message in refused:
         with pytest.raises(TrainError) as err:
             dataclasses.replace(cfg, **change)
         assert str(err.value) == message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ def test_step_schedule_is_the_papers():
     assert scaled_lr(0.003, 30, 30, "linear") == pytest.approx(0.003)
     assert scaled_lr(0.003, 240, 30, "linear") == pytest.approx(0.024)
     assert scaled_lr(0.003, 240, 30, "none") == pytest.approx(0.003)
-    kw = dict(schedule="step", steps_per_epoch=10, total_steps=160, warmup_steps=0, step_epochs=4, gamma=0.1)
+    kw: dict[str, Any] = dict(schedule="step", steps_per_epoch=10, total_steps=160, warmup_steps=0, step_epochs=4,
+                              gamma=0.1)
     assert lr_factor(0, **kw) == 1.0 and lr_factor(39, **kw) == 1.0
     assert lr_factor(40, **kw) == pytest.approx(0.1)
     assert lr_factor(80, **kw) == pytest.approx(0.01)
@@ -31,7 +33,8 @@ def test_step_schedule_is_the_papers():
 
 
 def test_warmup_and_cosine():
-    kw = dict(schedule="cosine", steps_per_epoch=10, total_steps=100, warmup_steps=10, step_epochs=4, gamma=0.1)
+    kw: dict[str, Any] = dict(schedule="cosine", steps_per_epoch=10, total_steps=100, warmup_steps=10, step_epochs=4,
+                              gamma=0.1)
     assert lr_factor(0, **kw) == pytest.approx(0.1)
     assert lr_factor(9, **kw) == pytest.approx(1.0)
     assert lr_factor(55, **kw) == pytest.approx(0.5)
@@ -171,8 +174,8 @@ def test_lr_scaling_cap_and_default_warmup():
     assert p.warmup_steps == 500 and p.warmup_from == pytest.approx(1 / 32)
     assert "0.003 x 960/30 (linear scaling" in p.why and "warm-up 500 steps (2 epochs) from --lr 0.003" in p.why
     assert "\n" not in p.why
-    kw = dict(schedule="step", steps_per_epoch=250, total_steps=4000, warmup_steps=500, step_epochs=4.0, gamma=0.1,
-              warmup_from=1 / 32)
+    kw: dict[str, Any] = dict(schedule="step", steps_per_epoch=250, total_steps=4000, warmup_steps=500,
+                              step_epochs=4.0, gamma=0.1, warmup_from=1 / 32)
     assert lr_factor(0, **kw) == pytest.approx(1 / 32 + (31 / 32) / 500)  # first step: one 500th of the way
     assert lr_factor(249, **kw) == pytest.approx(1 / 32 + (31 / 32) * 250 / 500)
     assert lr_factor(499, **kw) == 1.0 and lr_factor(999, **kw) == 1.0

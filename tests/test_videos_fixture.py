@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import Any
 
 import av
 import numpy as np
@@ -19,7 +20,7 @@ from convert.worker.decode import FrameSpec, decode_all
 from . import videos as stand_ins
 
 # what each file is in the suite for: the traits the real file and its stand-in share
-ROLES = {
+ROLES: dict[str, dict[str, Any]] = {
     "mmaction2__demo.mp4": {"no_dts": True},
     "mmaction2__test.avi": {"audio": True, "no_dts": True, "backwards": True},
     "mmaction2__part_0.mp4": {"no_dts": True, "irregular": True},
@@ -125,7 +126,7 @@ def test_the_corrupt_file_loses_one_frame_to_a_rejected_packet_and_decodes_on(st
     assert failed == [(stand_ins.CORRUPT_PACKET, True)]
     assert len(out) == s.frames - 1 == 49 and sorted(out) == [k for k in range(50) if k != 29]
     frames, damage = decode_all(path, FrameSpec())
-    assert len(frames) == 28 and damage.startswith("InvalidDataError after 28 good frames")
+    assert len(frames) == 28 and damage is not None and damage.startswith("InvalidDataError after 28 good frames")
 
 
 def test_the_short_clip_has_irregular_intervals_and_its_last_frames_no_decode_timestamp(stand_in_videos):

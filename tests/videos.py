@@ -121,7 +121,7 @@ def _open(path: str, **muxer_options: str):
     return av.open(path, "w", container_options={"fflags": "+bitexact", **muxer_options})
 
 
-def _video_stream(out, codec: str, spec: Spec, time_base: Fraction | None = None, **options: str):
+def _video_stream(out, codec: str, spec: Spec, time_base: Fraction | None = None, /, **options: str):
     """A video stream of ``spec``'s size and rate, one encoder thread; timestamps count ``time_base`` (1/rate)."""
     stream = out.add_stream(codec, rate=spec.rate)
     stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"

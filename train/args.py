@@ -41,7 +41,7 @@ def default_workers(loader: str) -> int:
     """``--workers`` when not given: reader threads = this rank's share of the cores (at most 16,
     ``loaders.default_threads``; the ranks on this node, ``LOCAL_WORLD_SIZE``, share them); worker
     processes = one fewer (the training process needs a core of its own), at most 8."""
-    threads = default_threads()
+    threads: int = default_threads()
     if loader == "threads":
         return threads
     return max(0, min(8, threads - 1))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -88,6 +89,18 @@ def too_large(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m.lower() in text.lower() for m in TOO_LARGE)
 
 
+class AllocatorMemory(Protocol):
+    """The allocator calls a probe makes: ``CudaMemory`` (the class itself) or a test's fake."""
+
+    def total(self, device: torch.device) -> int: ...
+
+    def reset(self, device: torch.device) -> None: ...
+
+    def peak(self, device: torch.device) -> int: ...
+
+    def release(self) -> None: ...
+
+
 class CudaMemory:
     """The allocator calls a probe makes; tests pass a fake with the same methods."""
 
@@ -112,7 +125,7 @@ class CudaMemory:
 
 def probe_peak(model: nn.Module, batch: int, shape: tuple[int, int, int], num_classes: int,
                device: torch.device, amp_dtype: torch.dtype | None, channels_last: bool,
-               memory: type[CudaMemory] | CudaMemory = CudaMemory) -> int | None:
+               memory: AllocatorMemory = CudaMemory) -> int | None:
     """Peak bytes of one training step at ``batch`` clips of ``(T, H, W)``, or None when it does not fit.
 
     "Does not fit" is any error ``too_large`` recognises; anything else is re-raised.
@@ -143,7 +156,7 @@ def probe_peak(model: nn.Module, batch: int, shape: tuple[int, int, int], num_cl
 
 def find_batch_size(model: nn.Module, *, shape: tuple[int, int, int], num_classes: int, device: torch.device,
                     amp_dtype: torch.dtype | None, channels_last: bool, headroom: float = 0.9,
-                    accum_steps: int = 1, memory: type[CudaMemory] | CudaMemory = CudaMemory) -> tuple[int, dict]:
+                    accum_steps: int = 1, memory: AllocatorMemory = CudaMemory) -> tuple[int, dict]:
     """(per-process batch, details) for ``--batch-size auto``; the model itself is left untouched.
 
     Runs on this process alone, with no collective: call it before SyncBatchNorm

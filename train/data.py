@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -296,7 +296,8 @@ class TrainData:
         """The loader's own clips/s and queue depth since the last call (``loaders.loader_meter``)."""
         if self.meter is None:
             self.meter = loader_meter(self.loader)
-        return self.meter()
+        stats: dict = self.meter()
+        return stats
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -306,7 +307,8 @@ class TrainData:
 
     def state_dict(self, consumed: int) -> dict:
         """``{"epoch", "position"}`` with ``consumed`` samples of this rank's epoch used (prefetch runs ahead)."""
-        return self.sampler.state_dict(consumed=consumed)
+        state: dict = self.sampler.state_dict(consumed=consumed)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
@@ -320,7 +322,7 @@ class TrainData:
         # an iterator starts; forking keeps that draw out of the stream dropout
         # uses, so a resumed run sees the same dropout masks as an unbroken one.
         with torch.random.fork_rng(devices=[]):
-            it = iter(self.loader)
+            it: Iterator[dict] = iter(self.loader)
         return it
 
 
@@ -355,7 +357,7 @@ def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     return ClipPreset(**kwargs)
 
 
-def dali_builder():
+def dali_builder() -> Callable[..., Any]:
     """``loaders.dali.build_dali_loader``, or a one-line TrainError saying what to install when DALI is not usable."""
     from loaders import dali
 

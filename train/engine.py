@@ -7,7 +7,7 @@ import itertools
 import math
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
     from .config import TrainConfig
     from .models import VideoModel
+
+# The training loss: (logits, labels) -> a scalar; an nn.Module (CrossEntropyLoss) or a plain function.
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -183,10 +186,10 @@ class StepConfig:
                    stop_within_step=cfg.world_size == 1 and not cfg.compile, heartbeat=heartbeat)
 
 
-def model_input(clips: torch.Tensor, mean, std, device: torch.device, channels_last: bool,
-                downsample: int = 1) -> torch.Tensor:
+def model_input(clips: torch.Tensor, mean: Sequence[float], std: Sequence[float], device: torch.device,
+                channels_last: bool, downsample: int = 1) -> torch.Tensor:
     """uint8 (N, T, H, W, C) -> normalised float (N, C, T, H, W) on ``device``, optionally pooled 2D."""
-    x = to_model_input(clips, mean=mean, std=std, device=device, channels_last=channels_last)
+    x: torch.Tensor = to_model_input(clips, mean=mean, std=std, device=device, channels_last=channels_last)
     if downsample > 1:
         # Spatial average pooling after the crop: a cheap low-resolution input for CPU demos.
         x = nn.functional.avg_pool3d(x, (1, downsample, downsample))
@@ -209,11 +212,11 @@ def colour_permutation(x: torch.Tensor, index: torch.Tensor, epoch: int, seed: i
     return x[torch.arange(x.shape[0], device=x.device)[:, None], perm]
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
-def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
+def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, criterion: Loss,
                     optimizer: torch.optim.Optimizer, scheduler: Any, scaler: torch.amp.GradScaler,
                     data: TrainData, state: TrainState, cfg: StepConfig, log: MetricsLog,
                     save: Callable[[TrainState], None], world_size: int = 1) -> str | None:
@@ -306,7 +309,7 @@ def train_one_epoch(model: nn.Module, ddp: DistributedDataParallel | None, crite
     return "max_steps" if cfg.max_steps is not None and state.step >= cfg.max_steps else None
 
 
-def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, criterion: nn.Module,
+def _forward_backward(model: nn.Module, ddp: DistributedDataParallel | None, criterion: Loss,
                       scaler: torch.amp.GradScaler, batch: dict, data: TrainData, state: TrainState,
                       cfg: StepConfig) -> torch.Tensor:
     """The micro-batches of one step, forward and backward; returns the step's loss (the gradients accumulate)."""

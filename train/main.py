@@ -24,7 +24,16 @@ from . import dist
 from .args import build_parser, check_model_input, crop_size, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
-from .data import DataShape, build_eval_data, build_train_data, cache_settings, dali_builder, dataset_info
+from .data import (
+    DataShape,
+    EvalData,
+    TrainData,
+    build_eval_data,
+    build_train_data,
+    cache_settings,
+    dali_builder,
+    dataset_info,
+)
 from .engine import BestTracker, Interrupted, StepConfig, StopRequest, TrainState, evaluate, train_one_epoch
 from .errors import TrainError
 from .gpustats import GpuStats, peak_flops
@@ -162,7 +171,7 @@ def check_resume(path: str, saved: dict[str, Any], cfg: TrainConfig, shape: Data
     ckpt_io.check_settings(saved, cfg, path, data=shape.identity)
 
 
-def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data, shape: DataShape,
+def resume(path: str, saved: dict[str, Any], cfg: TrainConfig, parts: dict[str, Any], data: TrainData, shape: DataShape,
            info: dist.DistInfo) -> tuple[TrainState, dict | None]:
     """Load checkpoint ``saved`` (read from ``path``, checked by ``check_resume``) into model/optimizer/scaler/
     scheduler and the sampler, and print what changed since it was saved.
@@ -244,7 +253,7 @@ def elastic_sampler_state(saved: dict[str, Any], before: TrainConfig, cfg: Train
 
 
 @contextlib.contextmanager
-def stop_signals(stop: StopRequest):
+def stop_signals(stop: StopRequest) -> Iterator[None]:
     """SIGTERM, SIGINT and SIGUSR1 ask the loop to save and stop (preemption on clusters, Ctrl-C): at the next
     step boundary, or within the step in one process (``engine.stop_checks``).
 
@@ -599,7 +608,7 @@ def _speed(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _eval_and_log(model: nn.Module, val, state: TrainState, cfg: TrainConfig, step_cfg: StepConfig,
+def _eval_and_log(model: nn.Module, val: EvalData, state: TrainState, cfg: TrainConfig, step_cfg: StepConfig,
                   log: MetricsLog, info: dist.DistInfo, name: str,
                   last: Callable[[], str | None]) -> tuple[int, dict, dict]:
     """Evaluate on --val-data at this step, log it, save its files and print its line (``last``: the run's

@@ -8,13 +8,15 @@ versions, so a run always leaves its pictures.
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 
-def _pyplot():
+def _pyplot() -> types.ModuleType | None:
+    """matplotlib.pyplot on the Agg backend, or None without matplotlib."""
     try:
         import matplotlib
     except ImportError:

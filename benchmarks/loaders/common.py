@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,7 @@ def measure(dataset: Dataset, *, batch_size: int, workers: int, seconds: float, 
 
     Epochs are ``EPOCH_DRAWS`` draws per clip (``steady_sampler``), so the rate is the steady one.
     """
+    assert isinstance(dataset, Sized)  # a map-style dataset
     sampler = steady_sampler(len(dataset))
     if threads is not None:
         loader = build_loader(dataset, batch_size=batch_size, threads=threads, pin_memory=False, drop_last=True,

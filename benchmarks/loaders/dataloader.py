@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -59,10 +60,10 @@ class TFRecordPackageDataset(IterableDataset):
                 k += 1
 
 
-def measure_iterable(dataset: IterableDataset, *, batch_size: int, workers: int, seconds: float,
+def measure_iterable(dataset: TFRecordPackageDataset, *, batch_size: int, workers: int, seconds: float,
                      start_method: str | None) -> dict:
     """clips and bytes per second of an iterable dataset through a plain DataLoader."""
-    kw = {"prefetch_factor": 2, "persistent_workers": True} if workers else {}
+    kw: dict[str, Any] = {"prefetch_factor": 2, "persistent_workers": True} if workers else {}
     if workers and start_method:
         kw["multiprocessing_context"] = start_method
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, drop_last=True, **kw)
@@ -102,13 +103,18 @@ def own_loop_readers(paths: dict[str, str], args: argparse.Namespace) -> dict[st
     reason = missing()
     if reason is None:
         for codec in ("raw", "jpeg"):  # lz4: DALI inflates on the GPU only
-            others[f"dali native {codec}"] = lambda w, r=paths[f"tfrecord_{codec}"]: measure_dali_native(
-                r, batch_size=bs, threads=max(1, w), seconds=secs)
+            def dali(w: int, r: str = paths[f"tfrecord_{codec}"]) -> dict:
+                return measure_dali_native(r, batch_size=bs, threads=max(1, w), seconds=secs)
+
+            others[f"dali native {codec}"] = dali
     else:
         print(f"DALI not usable ({reason}): the dali native rows are skipped", flush=True)
     for codec in ("raw", "jpeg"):
-        others[f"tfrecord-pkg {codec}"] = lambda w, r=paths[f"tfrecord_{codec}"]: measure_iterable(
-            TFRecordPackageDataset(r), batch_size=bs, workers=w, seconds=secs, start_method=sm)
+        def package(w: int, r: str = paths[f"tfrecord_{codec}"]) -> dict:
+            return measure_iterable(TFRecordPackageDataset(r), batch_size=bs, workers=w, seconds=secs,
+                                    start_method=sm)
+
+        others[f"tfrecord-pkg {codec}"] = package
     return others
 
 
@@ -145,6 +151,7 @@ def disk_table(paths: dict[str, str]) -> list[str]:
             clips = totals.clips
             disk = _allocated(os.path.join(root, "shards")) / clips
             raw_disk = disk if codec == "raw" else raw_disk
+            assert raw_disk is not None  # raw comes first in CODECS
             lines.append(f"{backend:9s} {codec:5s} {clips:6d} {totals.value_bytes / clips:13,.0f} "
                          f"{disk:12,.0f} {disk / (src / clips):8.1f}x {disk / raw_disk:6.2f}x")
     clips = open_clips(paths["raw"]).manifest.totals.clips

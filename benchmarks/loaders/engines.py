@@ -116,6 +116,7 @@ def engine_rate(engine: str, dataset: Any, *, batch_size: int, threads: int, sec
     if engine == "spdl":
         from spdl.pipeline import PipelineBuilder
 
+        assert ring is not None  # every engine but "torchdata fresh" has one
         pipeline = (PipelineBuilder().add_source(_epochs(sampler, batch_size))
                     .pipe(ring.read, concurrency=threads, output_order="input")
                     .add_sink(prefetch).build(num_threads=threads))

@@ -154,10 +154,11 @@ class ShardWriter(ABC):
             try:
                 clip_index, start, frames = next(gen)
             except StopIteration as stop:
-                if stop.value.video_id != video_id:
+                record: VideoRecord = stop.value  # the generator's return value (ClipProducer)
+                if record.video_id != video_id:
                     raise ValueError(f"the clips of {video_id!r} came with a record of "
-                                     f"{stop.value.video_id!r}") from None
-                return stop.value
+                                     f"{record.video_id!r}") from None
+                return record
             header, payload = self.encode(video_id, label, clip_index, start, frames)
             put(clip_index, header, payload)
 

@@ -174,14 +174,15 @@ class RawCodec(Codec):
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         return self.frames(payload, shape)
 
-    def window(self, payload, shape, t0, t, out=None):
+    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
+               out: np.ndarray | None = None) -> np.ndarray:
         return _window_of(self.frames(payload, shape), t0, t, out)
 
 
 class PerFrameCodec(Codec):
     """A payload of one independently coded part per frame: uint32 N, N uint32 sizes, the N parts."""
 
-    def parts(self, payload, shape):
+    def parts(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         return _table(memoryview(payload), shape, self.name)
 
     def decode_frame(self, part: memoryview, shape: tuple[int, ...], j: int) -> np.ndarray:
@@ -193,17 +194,18 @@ class PerFrameCodec(Codec):
         place override it."""
         out[...] = self.decode_frame(part, shape, j)
 
-    def window(self, payload, shape, t0, t, out=None):
+    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
+               out: np.ndarray | None = None) -> np.ndarray:
         # Each frame is decoded straight into its row of ``out``: a fresh array
         # per frame, freed at once, costs page faults and, with several reader
         # threads in one process, stalls them all (two threads scaled far
         # better decoding in place: docs/benchmarks.md).
-        payload = memoryview(payload)
-        offsets, sizes = self.parts(payload, shape)
+        view = memoryview(payload)
+        offsets, sizes = self.parts(view, shape)
         out = _window_out(shape, t0, t, out)
         starts, lengths = offsets[t0:t0 + t].tolist(), sizes[t0:t0 + t].tolist()
         for k in range(t):
-            self.decode_frame_into(payload[starts[k]:starts[k] + lengths[k]], shape, t0 + k, out[k])
+            self.decode_frame_into(view[starts[k]:starts[k] + lengths[k]], shape, t0 + k, out[k])
         return out
 
 
@@ -225,12 +227,12 @@ class Lz4FramesCodec(PerFrameCodec):
         clip = np.ascontiguousarray(clip, dtype=np.uint8)
         return _pack_parts([lz4.block.compress(frame, store_size=False) for frame in clip])
 
-    def decode_frame(self, part, shape, j):
+    def decode_frame(self, part: memoryview, shape: tuple[int, ...], j: int) -> np.ndarray:
         out = np.empty(tuple(shape[1:]), dtype=np.uint8)
         self.decode_frame_into(part, shape, j, out)
         return out
 
-    def decode_frame_into(self, part, shape, j, out):
+    def decode_frame_into(self, part: memoryview, shape: tuple[int, ...], j: int, out: np.ndarray) -> None:
         # cramjam decompresses an LZ4 block into the caller's memory without the
         # GIL; python-lz4 returns a new bytes object per frame (see window).
         import cramjam
@@ -239,7 +241,8 @@ class Lz4FramesCodec(PerFrameCodec):
         if not out.flags.c_contiguous:
             return super().decode_frame_into(part, shape, j, out)
         try:
-            n = cramjam.lz4.decompress_block_into(part, out.reshape(-1), output_len=frame)
+            # numpy's stubs declare ndarray's buffer protocol (__buffer__) only for Python >= 3.12; mypy checks as 3.10
+            n = cramjam.lz4.decompress_block_into(part, out.reshape(-1), output_len=frame)  # type: ignore[arg-type]
         except cramjam.DecompressionError as exc:
             raise FormatError(f"lz4 frame {j} does not decompress to {frame} bytes: {exc}") from exc
         if n != frame:
@@ -276,7 +279,7 @@ class JpegCodec(PerFrameCodec):
             frames.append(buf.getvalue())
         return _pack_parts(frames)
 
-    def decode_frame(self, part, shape, j):
+    def decode_frame(self, part: memoryview, shape: tuple[int, ...], j: int) -> np.ndarray:
         # simplejpeg: libjpeg-turbo (bundled in its wheel) called without the
         # GIL, with its default islow IDCT and fancy upsampling, so the pixels
         # are Pillow's bit for bit (tested); the fastest per frame of the
@@ -285,14 +288,14 @@ class JpegCodec(PerFrameCodec):
         import simplejpeg
 
         try:
-            arr = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
+            arr: np.ndarray = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
         except ValueError as exc:  # simplejpeg's error for undecodable data (strict: warnings too)
             raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
         if arr.shape != tuple(shape[1:]):
             raise FormatError(f"jpeg frame {j} is {arr.shape}, header says {tuple(shape[1:])}")
         return arr
 
-    def decode_frame_into(self, part, shape, j, out):
+    def decode_frame_into(self, part: memoryview, shape: tuple[int, ...], j: int, out: np.ndarray) -> None:
         import simplejpeg
 
         if out.flags.c_contiguous and out.shape == tuple(shape[1:]):

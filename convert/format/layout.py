@@ -140,7 +140,8 @@ def hexdigest_of(f: BinaryIO, h: Any) -> str:
     time (a shard's file, a local file or a remote object: never read whole into memory)."""
     for block in iter(lambda: f.read(1 << 20), b""):
         h.update(block)
-    return h.hexdigest()
+    digest: str = h.hexdigest()
+    return digest
 
 
 def file_sha256(path: str) -> str:
@@ -258,7 +259,8 @@ def header_len(value: bytes | memoryview) -> int:
     """36 + the video id's length, read from a value's first bytes (no other checks)."""
     if len(value) < HEADER_SIZE:
         raise FormatError(f"value of {len(value)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    return HEADER_SIZE + struct.unpack_from("<H", value, VIDEO_ID_LEN_OFFSET)[0]
+    vid_len: int = struct.unpack_from("<H", value, VIDEO_ID_LEN_OFFSET)[0]
+    return HEADER_SIZE + vid_len
 
 
 def unpack_header(header: bytes | memoryview, *, value_len: int | None = None) -> ClipHeader:

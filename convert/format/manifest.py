@@ -58,7 +58,7 @@ def _get(d: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], where: 
 
 
 def _count(d: Mapping[str, Any], key: str, where: str, *, low: int = 0, optional: bool = False) -> int | None:
-    value = _get(d, key, int, where, optional=optional)
+    value: int | None = _get(d, key, int, where, optional=optional)
     if value is not None and value < low:
         raise FormatError(f"{where}: {key} is {value}, expected an integer >= {low}")
     return value

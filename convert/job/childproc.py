@@ -115,7 +115,8 @@ class LineProcess:
         if _stopping.is_set():
             raise Stopped
         line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+        message: dict = json.loads(line)  # the shard process writes one JSON object a line
+        return message
 
     def kill(self) -> int | None:
         if self.proc.poll() is None:

@@ -124,7 +124,7 @@ def new_videos(out: str, plan: Plan, source: Source, opts: JobOptions, add_new: 
     return set(range(first, len(plan.shards)))
 
 
-def read_source_again(src: str, out: str, required: bool, say: Callable[[str], None], **source_kw
+def read_source_again(src: str, out: str, required: bool, say: Callable[[str], None], **source_kw: str | None
                        ) -> Source | None:
     """The source as it is now (a rerun looks for videos added since the plan); None if unreadable and not required."""
     try:

@@ -98,7 +98,7 @@ class Prober:
     def __enter__(self) -> Prober:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

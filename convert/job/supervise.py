@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,7 +200,7 @@ class _Progress:
         self.state = {"total": total, "done": 0, "new": 0, "clips": 0, "frames": 0}
         self._last = 0.0
 
-    def set(self, done: int, records) -> None:
+    def set(self, done: int, records: Iterable[dict]) -> None:
         """Start again from what a (restarted) shard process holds: ``done`` videos, this run's ``records``."""
         records = list(records)
         self.state.update(done=done, new=len(records), clips=sum(r.get("clips", 0) for r in records),
@@ -252,7 +252,7 @@ class VideoTimeout(TimeoutError):
         self.phase = phase
 
 
-def read_video_answer(child: Any, timeout: float) -> dict | None:
+def read_video_answer(child: _Child, timeout: float) -> dict | None:
     """The shard process's answer for one video (``child.read``), timing its decoder alone against ``timeout``."""
     decoding = other = 0.0
     grace = max(STORE_GRACE_S, timeout)

@@ -264,7 +264,8 @@ class Remote:
         refuses a longer one unread); ShardMissing naming its URL when it is not there."""
         end = None if limit is None else limit + 1
         try:
-            return self._retried("reading", rel, lambda: self.fs.cat_file(self._path(rel), start=0, end=end))
+            data: bytes = self._retried("reading", rel, lambda: self.fs.cat_file(self._path(rel), start=0, end=end))
+            return data
         except RemoteError as exc:
             if isinstance(exc.__cause__, FileNotFoundError) and "no such bucket" not in str(exc):
                 raise ShardMissing(f"{self.join(rel)}: no such object") from exc

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 
@@ -249,7 +249,13 @@ class ClipStore(Sequence):
         header, clip = got[0]
         return ClipSample(clip, header.label, header.video_id, header.clip_index)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> ClipSample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ClipSample]: ...
+
+    def __getitem__(self, i: int | slice) -> ClipSample | list[ClipSample]:
         if isinstance(i, slice):
             return [self.get(j) for j in range(*i.indices(len(self)))]
         return self.get(int(i))

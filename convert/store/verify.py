@@ -129,7 +129,7 @@ def file_problems(folder: str, entry: ShardEntry) -> list[str]:
     return problems
 
 
-def _child(conn, fn: Callable[[], list[str]]) -> None:
+def _child(conn: multiprocessing.connection.Connection, fn: Callable[[], list[str]]) -> None:
     # A stop signal (Ctrl-C reaches the whole process group) is the parent's to handle: it stops the checkers
     # itself. The signals were blocked while this child started (``isolated``), so none came before this line.
     for sig in (signal.SIGINT, signal.SIGTERM):

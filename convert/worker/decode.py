@@ -317,7 +317,7 @@ class VideoDecoder:
     def __enter__(self) -> VideoDecoder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- decoding -----------------------------------------------------------

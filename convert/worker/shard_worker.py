@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..format import (
     get_backend,
     shard_meta,
 )
+from ..format.base import ClipProducer
 from ..format.errors import storing
 from ..format.system import import_named, unblock_stop_signals
 from .clips import ClipCutter
@@ -64,18 +65,18 @@ def set_phase(phase: int) -> None:
 
 
 def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
-                  decoder: VideoDecoder | None = None) -> Callable:
+                  decoder: VideoDecoder | None = None) -> Callable[[], ClipProducer]:
     """A repeatable generator function: yields clips, returns the VideoRecord."""
     frame_spec, clip_spec = config.frame_spec(threads), config.clip_spec()
     first = [decoder]
 
-    def produce():
+    def produce() -> ClipProducer:
         try:
             return (yield from decoded())
         finally:
             set_phase(STORING)  # what is left is the writer's: the record, the commit
 
-    def decoded():
+    def decoded() -> ClipProducer:
         set_phase(DECODING)
         dec, first[0] = first[0], None
         if dec is None:
@@ -143,9 +144,9 @@ def convert_video(writer: ShardWriter, item: VideoItem, config: ConvertConfig, t
     return writer.write_video(item.id, item.label, clip_producer(item, config, threads, dec), estimate)
 
 
-def failed_producer(item: VideoItem, reason: str) -> Callable:
+def failed_producer(item: VideoItem, reason: str) -> Callable[[], ClipProducer]:
     """A producer with no clips whose record says the video failed."""
-    def produce():
+    def produce() -> ClipProducer:
         return VideoRecord(item.id, item.path, item.label, "failed", 0, 0, reason)
         yield  # pragma: no cover - a generator that yields nothing
     return produce
@@ -248,7 +249,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, opts: dict, proto) -> bool:
+def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, opts: dict, proto: TextIO) -> bool:
     """Carry out one supervisor command and write its answer; False after ``finish``."""
     if cmd["op"] in ("video", "retry"):
         item = items[cmd["index"]]

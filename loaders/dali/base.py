@@ -24,7 +24,8 @@ except (ImportError, OSError) as _exc:  # OSError: the wheel is there but a shar
 
 import gc
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ class PipeSlot:
             gc.collect()  # a pipeline can sit in reference cycles: free its threads and memory now
 
 
-def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Any:
+def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Sequence[Any]:
     """The pipeline's next outputs; any failure a one-line ``FormatError`` naming ``root`` and the cause.
 
     The one error path of both routes. A FormatError raised in this process
@@ -101,7 +102,8 @@ def run_pipeline(pipe: Pipeline, stream: Any, root: str) -> Any:
     of DALI's message that says what went wrong.
     """
     try:
-        return pipe.run(stream) if stream is not None else pipe.run()
+        outputs: Sequence[Any] = pipe.run(stream) if stream is not None else pipe.run()
+        return outputs
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure of a pipeline becomes one line naming the data
@@ -144,6 +146,9 @@ def check_int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
+
+
+_Loader = TypeVar("_Loader", bound="DaliLoaderBase")  # ``with`` gives the loader its own class
 
 
 class DaliLoaderBase(EpochPosition):
@@ -214,7 +219,7 @@ class DaliLoaderBase(EpochPosition):
         """Stop the pipeline, its threads and worker processes (a later iteration builds a new one)."""
         self._slot.close()
 
-    def __enter__(self) -> DaliLoaderBase:
+    def __enter__(self: _Loader) -> _Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -55,7 +55,15 @@ from .stream import _ClipSource, _Order, _Stream
 START_METHODS = ("fork", "spawn")
 
 
-def _build_pipeline(source: _ClipSource, *, graph: Graph, frames: int, batch_size: int, device_id: int | None,
+class SampleSource(Protocol):
+    """What ``_build_pipeline`` feeds ``fn.external_source`` with: ``_ClipSource``, or a test's stand-in."""
+
+    in_dali: bool  # outputs the stored payload for the graph to decode, not the decoded window
+
+    def __call__(self, info: Any) -> tuple[np.ndarray, ...]: ...
+
+
+def _build_pipeline(source: SampleSource, *, graph: Graph, frames: int, batch_size: int, device_id: int | None,
                     workers: int, prefetch: int, start_method: str, preset: ClipPreset, normalize: bool,
                     hint: int) -> Pipeline:
     """The graph: source -> (codec's decode) -> slice -> flip -> (resize) -> (normalize); outputs clip, label, index."""
@@ -202,7 +210,8 @@ class DaliClipLoader(DaliLoaderBase):
         epoch = self.epoch if epoch is None else epoch
         position = self.position if position is None else position
         count = sum(self._order.valid(position, b) for b in range(self._order.batches(position)))
-        return self._order.share(epoch)[position:position + count].copy()
+        indices: np.ndarray = self._order.share(epoch)[position:position + count].copy()
+        return indices
 
     # -- iteration ------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:

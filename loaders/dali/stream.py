@@ -142,7 +142,7 @@ class _ClipSource:
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
-        out: list = []
+        out: list[tuple[np.ndarray, ...]] = []
         self.store.visit([index], lambda _, header, payload: out.append(self._sample(header, payload, epoch, index)))
         return out[0]
 

@@ -17,6 +17,7 @@ from ..test_convert_storage import _meta, _producer, _write_shard
 from ..train_fixtures import tiny_as, tiny_data  # noqa: F401
 from . import BACKEND
 from .files import DATA_FILE, INDEX_FILE, read_index
+from .writer import TarWriter
 
 VIDEOS = {"a": 2, "b": 0, "c": 3, "d": 1}  # b: a record without clips
 
@@ -32,13 +33,16 @@ def test_a_write_killed_mid_video_reruns_to_the_bytes_of_a_clean_write(tmp_path)
     _write_shard(clean, "tar", None, VIDEOS)
     path = str(tmp_path / "killed")
     writer = BACKEND.writer(path=path, codec="raw", meta=_meta(), options=None)
+    assert isinstance(writer, TarWriter)
     writer.write_video("a", 0, _producer(2, "a"), 4096)
     writer.write_video("b", 0, _producer(0, "b"), 4096)
     committed = os.path.getsize(os.path.join(path, DATA_FILE))
-    writer._fh.write(b"\x07" * 3000)  # the members of a video in flight
-    writer._fh.flush()
+    fh = writer._fh
+    assert fh is not None  # open since the first video
+    fh.write(b"\x07" * 3000)  # the members of a video in flight
+    fh.flush()
     open(os.path.join(path, INDEX_FILE + ".tmp.99999"), "w").write("{")  # its commit, cut short
-    writer._fh.close()  # the process dies: no close(), no finish()
+    fh.close()  # the process dies: no close(), no finish()
     assert os.path.getsize(os.path.join(path, DATA_FILE)) == committed + 3000
     assert set(_write_shard(path, "tar", None, VIDEOS)) >= {"sha256", "clips"}
     assert _files(path) == _files(clean)

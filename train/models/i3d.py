@@ -64,9 +64,10 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
+        out: torch.Tensor = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
-        return self.relu(self.bn3(self.conv3(out)) + identity)
+        out = self.relu(self.bn3(self.conv3(out)) + identity)
+        return out
 
 
 class I3DResNet50(PooledResNet):
@@ -108,12 +109,14 @@ class I3DResNet50(PooledResNet):
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
         """conv1, BN, ReLU and the first max-pool."""
-        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        out: torch.Tensor = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return out
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
         """Everything before the global pooling: (N, 2048 x width, T', H', W')."""
         x = self.pool2(self.layer1(self.stem(x)))
-        return self.layer4(self.layer3(self.layer2(x)))
+        out: torch.Tensor = self.layer4(self.layer3(self.layer2(x)))
+        return out
 
 
 def i3d_r50(num_classes: int, *, width: float = 1.0, dropout: float = 0.5, clip_len: int = 32,

@@ -97,7 +97,8 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(self.conv2(self.conv1(x)) + identity)
+        out: torch.Tensor = self.relu(self.conv2(self.conv1(x)) + identity)
+        return out
 
 
 def basic_stem(c_out: int) -> nn.Sequential:
@@ -146,7 +147,8 @@ class VideoResNet(PooledResNet):
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
         """The stem and the four stages: (N, 512 x width, T', H', W')."""
         x = self.stem(x)
-        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        out: torch.Tensor = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return out
 
 
 def r3d_18(num_classes: int, *, width: float = 1.0, dropout: float = 0.0, clip_len: int = 16,

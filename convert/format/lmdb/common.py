@@ -16,6 +16,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import lmdb
@@ -224,7 +225,7 @@ def open_checked(path: str, *, read_around: bool = True) -> lmdb.Environment:
 HANDLES = HandleCache()
 
 
-def iter_prefix(txn: lmdb.Transaction, prefix: bytes):
+def iter_prefix(txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes | memoryview, bytes | memoryview]]:
     """(key, value) pairs whose key starts with ``prefix``, in key order."""
     cur = txn.cursor()
     if not cur.set_range(prefix):

@@ -6,12 +6,13 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import lmdb
 
 from ..base import ShardReader, Visitor, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
-from ..layout import MAX_JSON_BYTES, unpack_header
+from ..layout import MAX_JSON_BYTES, ClipHeader, unpack_header
 from ..records import VideoRecord
 from .common import (
     COMPLETE_KEY,
@@ -58,7 +59,7 @@ class LmdbReader(ShardReader):
             raise FormatError(f"{path}: m/order is not a list of video ids")
         self._order: list[str] | None = order
 
-    def _json(self, txn: lmdb.Transaction, key: bytes, what: str):
+    def _json(self, txn: lmdb.Transaction, key: bytes, what: str) -> Any:
         raw = txn.get(key)
         if raw is None:
             return None
@@ -87,7 +88,7 @@ class LmdbReader(ShardReader):
         except lmdb.Error as exc:
             raise FormatError(f"{self.path}: read failed: {type(exc).__name__}: {exc}") from exc
 
-    def _txn(self):
+    def _txn(self) -> lmdb.Transaction:
         with self._reading():
             return self._env().begin(buffers=True)
 
@@ -108,9 +109,10 @@ class LmdbReader(ShardReader):
     def storage_order(self) -> list[str] | None:
         return self._order
 
-    def _value(self, txn: lmdb.Transaction, video_id: str, clip_index: int):
+    def _value(self, txn: lmdb.Transaction, video_id: str, clip_index: int) -> tuple[memoryview, ClipHeader]:
         """(header, payload view) of one clip; its stored length checked before anything past the header is read."""
-        value = txn.get(clip_key(video_id, clip_index))
+        # The transactions here are begun with buffers=True: LMDB hands out views of its mapped pages.
+        value = cast("memoryview | None", txn.get(clip_key(video_id, clip_index)))
         if value is None:
             raise FormatError(f"{self.where(video_id, clip_index)}: missing")
         if len(value) > self.file_size:
@@ -139,7 +141,7 @@ class LmdbReader(ShardReader):
                 except FormatError as exc:
                     raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
 
-    def iter_clips(self):
+    def iter_clips(self) -> Iterator[tuple[memoryview | bytes, ClipHeader, memoryview]]:
         self.check_unchanged()
         with self._reading(), self._txn() as txn:
             for rec in self.records():

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Concatenate, ParamSpec, TypeVar
 
 import lmdb
@@ -380,7 +381,7 @@ class _WriteTxn:
             raise StoreError(f"{self.writer.path}: {self.what}: LMDB failed: {exc}") from exc
         return self.txn
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if kind is not None:
             self.txn.abort()
             if isinstance(exc, lmdb.Error):
