@@ -20,7 +20,7 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, overload
 
 from .errors import FormatError
 from .layout import (
@@ -57,7 +57,12 @@ def _get(d: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], where: 
     return value
 
 
+@overload
+def _count(d: Mapping[str, Any], key: str, where: str, *, low: int = ..., optional: Literal[False] = ...) -> int: ...
+@overload
+def _count(d: Mapping[str, Any], key: str, where: str, *, low: int = ..., optional: bool) -> int | None: ...
 def _count(d: Mapping[str, Any], key: str, where: str, *, low: int = 0, optional: bool = False) -> int | None:
+    """``d[key]``, an integer >= ``low`` (None when ``optional`` and absent); FormatError naming ``where``."""
     value: int | None = _get(d, key, int, where, optional=optional)
     if value is not None and value < low:
         raise FormatError(f"{where}: {key} is {value}, expected an integer >= {low}")
@@ -92,8 +97,8 @@ class ClipSettings:
         if not isinstance(d, dict):
             raise FormatError(f"{where}: clip is {_short(d)}, expected an object")
         w = f"{where}: clip"
-        return cls(clip_len=_count(d, "clip_len", w, low=1), stride=_count(d, "stride", w, low=1),  # type: ignore[arg-type]
-                   step=_count(d, "step", w, low=1), max_clips=_count(d, "max_clips", w, low=1, optional=True),  # type: ignore[arg-type]
+        return cls(clip_len=_count(d, "clip_len", w, low=1), stride=_count(d, "stride", w, low=1),
+                   step=_count(d, "step", w, low=1), max_clips=_count(d, "max_clips", w, low=1, optional=True),
                    short=_get(d, "short", str, w))
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,7 +204,7 @@ class ShardFile:
         if not _HEX64.fullmatch(sha):
             raise FormatError(f"{where}: sha256 {_short(sha)} is not 64 lowercase hex digits")
         return cls(name=plain_name(_get(d, "name", str, where), "name", where),
-                   bytes=_count(d, "bytes", where), sha256=sha)  # type: ignore[arg-type]
+                   bytes=_count(d, "bytes", where), sha256=sha)
 
 
 def _shard_files(value: Any, where: str) -> tuple[ShardFile, ...]:
@@ -263,8 +268,8 @@ class ShardEntry:
         # (check_shard_meta), so the index is read, not judged, here.
         index = _get(d, "index", int, w)
         known = {f.name for f in fields(cls)} - {"extras", "shard_files"}
-        return cls(name=name, path=path, index=index, videos=_count(d, "videos", w),  # type: ignore[arg-type]
-                   clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),  # type: ignore[arg-type]
+        return cls(name=name, path=path, index=index, videos=_count(d, "videos", w),
+                   clips=_count(d, "clips", w), value_bytes=_count(d, "value_bytes", w),
                    sha256=_get(d, "sha256", str, w), extras={k: v for k, v in d.items() if k not in known})
 
 
@@ -310,7 +315,7 @@ class PlanRecord:
         names = _get(d, "shards", list, w)
         if not all(isinstance(n, str) for n in names):
             raise FormatError(f"{w}: shards must be a list of shard names (strings)")
-        return cls(bytes=_count(d, "bytes", w), sha256=sha, shards=tuple(names))  # type: ignore[arg-type]
+        return cls(bytes=_count(d, "bytes", w), sha256=sha, shards=tuple(names))
 
     @classmethod
     def of_file(cls, path: str, shards: Sequence[str]) -> PlanRecord:
@@ -379,9 +384,9 @@ class Manifest:
             shards = _with_files(shards, _get(d, "shard_files", dict, where), where)
         _check_distinct(shards, where)
         raw_totals = _get(d, "totals", dict, where)
-        totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),  # type: ignore[arg-type]
-                        clips=_count(raw_totals, "clips", f"{where}: totals"),  # type: ignore[arg-type]
-                        value_bytes=_count(raw_totals, "value_bytes", f"{where}: totals"))  # type: ignore[arg-type]
+        totals = Totals(videos=_count(raw_totals, "videos", f"{where}: totals"),
+                        clips=_count(raw_totals, "clips", f"{where}: totals"),
+                        value_bytes=_count(raw_totals, "value_bytes", f"{where}: totals"))
         counts = _get(d, "status_counts", dict, where)
         for k in counts:
             _count(counts, k, f"{where}: status_counts")
