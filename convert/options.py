@@ -100,6 +100,14 @@ class ConvertOptions:
     codec: str = option(
         OUTPUT, "clip payload: " + "; ".join(f"{name} ({codec.summary})" for name, codec in WRITE_CODECS.items()),
         default=ConvertConfig.codec, choices=tuple(WRITE_CODECS))
+    quality: int | None = option(
+        OUTPUT, "the lossy codecs' quality on their own scale (without it: " + ", ".join(
+            f"{name} {cls.default_quality}" for name, cls in WRITE_CODECS.items() if cls.quality_range) +
+        "): " + "; ".join(f"{name} {cls.quality_range[0]}-{cls.quality_range[1]}" + (" (CRF, lower is better)"
+                                                                                   if cls.records_default_quality
+                                                                                   else "")
+                          for name, cls in WRITE_CODECS.items() if cls.quality_range),
+        ge=0, le=100, metavar="Q")
     size: tuple[int, int] | None = option(
         OUTPUT, f"resize every frame to H x W (without it or --short-side: {_DEFAULT_SIZE[0]}x{_DEFAULT_SIZE[1]}, "
                 f"the C3D input before cropping)", parse=parse_size, metavar="HxW", exclusive="size")

@@ -30,10 +30,32 @@ from .backend_params import SPECIFIED
 from .conftest import ROOT
 
 
+def _video_to_array(codec_id: int, payload: bytes, shape: tuple[int, int, int, int]) -> np.ndarray:
+    # FORMAT.md, *Video payloads*: FFmpeg's own demuxers (a raw .h264 file, an IVF file) and decoders, every
+    # picture converted by libswscale as the section says, cropped to H x W; exactly T pictures.
+    import av
+    from av.video.reformatter import Interpolation
+
+    t, h, w, c = shape
+    flags = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+    frames = []
+    with av.open(io.BytesIO(payload), format={4: "h264", 5: "ivf"}[codec_id]) as container:
+        for picture in container.decode(video=0):
+            assert (picture.height, picture.width) == (h + h % 2, w + w % 2)
+            yuv = av.VideoFrame.from_ndarray(picture.to_ndarray(), format="yuv420p")  # yuvj420p relabelled
+            rgb = yuv.reformat(format="rgb24", src_colorspace="ITU601", src_color_range="JPEG",
+                               interpolation=flags).to_ndarray()
+            frames.append(rgb[:h, :w])
+    assert len(frames) == t
+    return np.stack(frames)
+
+
 def _payload_to_array(codec_id: int, payload: bytes, shape: tuple[int, int, int, int]) -> np.ndarray:
     t, h, w, c = shape
     if codec_id == 0:
         return np.frombuffer(payload, np.uint8).reshape(shape)
+    if codec_id in (4, 5):
+        return _video_to_array(codec_id, payload, shape)
     (n,) = struct.unpack_from("<I", payload, 0)
     sizes = struct.unpack_from(f"<{n}I", payload, 4)
     pos, frames = 4 + 4 * n, []
@@ -143,6 +165,7 @@ def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray
         for key in ("backend", "codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip",
                     "on_damage"):
             assert meta[key] == manifest[key], key
+        assert meta.get("quality") == manifest.get("quality")
         h = hashlib.sha256()
         value_bytes = share = 0
         for rec in records:  # reading order: records by video id bytes, then clip index
@@ -161,7 +184,8 @@ def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray
         assert shard["content"] == f"{share:064x}"
         total = (total + share) % 2**256
         assert sum(r["clips"] for r in records) == len(stored) == shard["clips"]
-    settings = {k: manifest[k] for k in ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip")}
+    settings = {k: manifest[k] for k in ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip",
+                                         "quality") if k in manifest}
     text = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     assert manifest["fingerprint"] == hashlib.sha256(text.encode() + total.to_bytes(32, "big")).hexdigest()
     return manifest["classes"], clips

@@ -130,7 +130,7 @@ class ShardWriter(ABC):
 
     def __init__(self, *, path: str, codec: str, meta: dict, options: Any = None) -> None:
         self.path = path
-        self.codec: Codec = get_codec(codec)
+        self.codec: Codec = get_codec(codec, meta.get("quality"))
         if meta.get("codec_id") != self.codec.id:
             raise ValueError(f"{path}: shard metadata says codec id {meta.get('codec_id')}, codec {codec!r} "
                              f"writes {self.codec.id}")

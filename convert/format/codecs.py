@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass
-from typing import ClassVar
 
 import lz4.block
 import numpy as np
 
 from .errors import FormatError
+from .payload import Codec, Payload, _window_of, _window_out
+from .video import H264Codec, Vp9Codec
 
 
 def _size(shape: tuple[int, ...]) -> int:
@@ -54,103 +54,6 @@ def _table(payload: memoryview, shape: tuple[int, ...], what: str) -> tuple[np.n
 
 def _pack_parts(parts: list[bytes]) -> bytes:
     return struct.pack(f"<I{len(parts)}I", len(parts), *(len(p) for p in parts)) + b"".join(parts)
-
-
-def _window_out(shape: tuple[int, ...], t0: int, t: int, out: np.ndarray | None) -> np.ndarray:
-    if not (0 <= t0 and t >= 0 and t0 + t <= shape[0]):
-        raise FormatError(f"frames {t0}:{t0 + t} fall outside a clip of {shape[0]} frames")
-    want = (t, *shape[1:])
-    if out is None:
-        return np.empty(want, dtype=np.uint8)
-    if out.shape != want or out.dtype != np.uint8:
-        raise ValueError(f"out must be uint8 {want}, got {out.dtype} {out.shape}")
-    return out
-
-
-def _window_of(frames: np.ndarray, t0: int, t: int, out: np.ndarray | None) -> np.ndarray:
-    """Frames ``t0:t0+t`` of whole decoded ``frames``: a view, or copied into ``out`` when given."""
-    if out is None and 0 <= t0 and t0 + t <= frames.shape[0]:
-        return frames[t0:t0 + t]
-    out = _window_out(frames.shape, t0, t, out)
-    out[...] = frames[t0:t0 + t]
-    return out
-
-
-@dataclass(frozen=True)
-class Payload:
-    """What a codec's payload is (FORMAT.md, *Payloads*): what a decoder is chosen by.
-
-    ``layout``: ``"array"``, the clip's T*H*W*C bytes in one piece (coded as
-    a whole), or ``"frames"``, uint32 N, N uint32 part sizes and N parts, part
-    j coding frame j alone (so a temporal window decodes only its frames).
-    ``coding``: how the array or each frame is coded, ``"none"`` (the bytes
-    themselves), ``"lz4-block"`` (one LZ4 block, no size prefix) or
-    ``"jpeg"`` (a baseline JPEG file, which carries its own size).
-    ``lossless``: decoding gives back the clip's exact bytes.
-    """
-
-    layout: str
-    coding: str
-    lossless: bool
-
-    def __post_init__(self) -> None:
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"payload layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
-        if self.coding not in CODINGS:
-            raise ValueError(f"payload coding must be one of {', '.join(CODINGS)}, got {self.coding!r}")
-
-    @property
-    def in_place(self) -> bool:
-        """The payload is the clip's pixels as they are: a reader takes a view of it, no decoding."""
-        return self.layout == "array" and self.coding == "none"
-
-
-LAYOUTS = ("array", "frames")
-CODINGS = ("none", "lz4-block", "jpeg")
-
-
-class Codec:
-    """What every payload codec offers; subclasses fill it in."""
-
-    name: ClassVar[str] = ""
-    id: ClassVar[int] = -1
-    summary: ClassVar[str] = ""  # what it stores, in a few words (the command line's help)
-    payload: ClassVar[Payload]
-    # Raw bytes per stored byte a conversion can count on (at least): sizes the
-    # free-space estimate before any video is encoded. 1.0 when nothing is known.
-    expected_ratio: ClassVar[float] = 1.0
-
-    def encode(self, clip: np.ndarray) -> bytes | memoryview:
-        """The payload of one uint8 (T, H, W, C) clip."""
-        raise NotImplementedError(f"codec {self.name} (id {self.id}) is read-only")
-
-    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
-        """The whole clip as uint8 (T, H, W, C)."""
-        return self.window(payload, shape, 0, shape[0])
-
-    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
-               out: np.ndarray | None = None) -> np.ndarray:
-        """Frames ``t0:t0+t`` as uint8 (t, H, W, C), written into ``out`` when given.
-
-        Only the window's frames are decoded where the payload allows it.
-        """
-        raise NotImplementedError
-
-    def parts(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, sizes) int64: the byte ranges of ``payload`` coded separately, one per frame or one in all."""
-        return np.zeros(1, np.int64), np.full(1, len(payload), np.int64)
-
-    def window_parts(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int,
-                     t: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(offsets, sizes, skip): the parts to decode for frames ``t0:t0+t``, and how many decoded
-        frames to drop before the window starts (0 where each frame is its own part)."""
-        offsets, sizes = self.parts(payload, shape)
-        if len(offsets) == shape[0]:
-            return offsets[t0:t0 + t], sizes[t0:t0 + t], 0
-        return offsets, sizes, t0
-
-    def __repr__(self) -> str:
-        return f"<codec {self.name} id {self.id}>"
 
 
 class RawCodec(Codec):
@@ -263,11 +166,7 @@ class JpegCodec(PerFrameCodec):
     summary = "a JPEG per frame, lossy, decoded by nvJPEG under DALI"
     payload = Payload(layout="frames", coding="jpeg", lossless=False)
     expected_ratio = 8.0
-
-    def __init__(self, quality: int = 90) -> None:
-        if not 1 <= quality <= 100:
-            raise ValueError(f"jpeg quality must be in 1..100, got {quality}")
-        self.quality = quality
+    quality_range, default_quality = (1, 100), 90
 
     def encode(self, clip: np.ndarray) -> bytes:
         from PIL import Image
@@ -309,16 +208,18 @@ class JpegCodec(PerFrameCodec):
 
 
 # Codecs a conversion can be written with, by the name the manifest stores.
-WRITE_CODECS: dict[str, type[Codec]] = {"raw": RawCodec, "lz4": Lz4FramesCodec, "jpeg": JpegCodec}
-# Every codec a reader may meet, by the id in a value's header.
-CODECS_BY_ID: dict[int, Codec] = {c.id: c() for c in (RawCodec, JpegCodec, Lz4FramesCodec)}
+WRITE_CODECS: dict[str, type[Codec]] = {"raw": RawCodec, "lz4": Lz4FramesCodec, "jpeg": JpegCodec,
+                                        "h264": H264Codec, "vp9": Vp9Codec}
+# Every codec a reader may meet, by the id in a value's header (the quality is the writer's: decoding ignores it).
+CODECS_BY_ID: dict[int, Codec] = {c.id: c() for c in (RawCodec, JpegCodec, Lz4FramesCodec, H264Codec, Vp9Codec)}
 
 
-def get_codec(name: str) -> Codec:
-    """The codec new conversions write under ``name``; the error lists the names allowed."""
+def get_codec(name: str, quality: int | None = None) -> Codec:
+    """The codec new conversions write under ``name``, at ``quality`` (its own scale; None: its default); the
+    error lists the names allowed, or says the quality's range."""
     if name not in WRITE_CODECS:
         raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(WRITE_CODECS)}")
-    return WRITE_CODECS[name]()
+    return WRITE_CODECS[name](quality)
 
 
 def codec_for_id(codec_id: int) -> Codec:

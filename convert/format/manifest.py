@@ -141,13 +141,18 @@ class DataSpec:
     fps: float | None
     clip: ClipSettings
     on_damage: str
+    quality: int | None = None  # the codec's quality setting, where recorded (FORMAT.md: absent = its default)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON values, in FORMAT.md's order."""
-        return {"backend": self.backend, "codec": self.codec, "codec_id": self.codec_id,
-                "classes": list(self.classes), "clip_shape": list(self.clip_shape) if self.clip_shape else None,
-                "frame_size": self.frame_size.to_dict(), "fps": self.fps, "clip": self.clip.to_dict(),
-                "on_damage": self.on_damage}
+        """The JSON values, in FORMAT.md's order (``quality`` only where recorded, so older conversions' metadata
+        and fingerprints stay as they were)."""
+        d = {"backend": self.backend, "codec": self.codec, "codec_id": self.codec_id,
+             "classes": list(self.classes), "clip_shape": list(self.clip_shape) if self.clip_shape else None,
+             "frame_size": self.frame_size.to_dict(), "fps": self.fps, "clip": self.clip.to_dict(),
+             "on_damage": self.on_damage}
+        if self.quality is not None:
+            d["quality"] = self.quality
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> DataSpec:
@@ -165,7 +170,8 @@ class DataSpec:
                    clip_shape=None if raw_shape is None else _ints(raw_shape, 4, "clip_shape", where),  # type: ignore[arg-type]
                    frame_size=FrameSize.from_dict(d.get("frame_size"), where),
                    fps=_get(d, "fps", (int, float), where, optional=True),
-                   clip=ClipSettings.from_dict(d.get("clip"), where), on_damage=_get(d, "on_damage", str, where))
+                   clip=ClipSettings.from_dict(d.get("clip"), where), on_damage=_get(d, "on_damage", str, where),
+                   quality=_get(d, "quality", int, where, optional=True) if "quality" in d else None)
 
 
 DATA_KEYS = tuple(f.name for f in fields(DataSpec))
@@ -412,7 +418,7 @@ class Manifest:
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # The data settings the content fingerprint covers: what decides a clip's pixels and labels, not where or how
 # the clips are stored (the backend) or what was done with damaged videos (their clips are counted anyway).
-FINGERPRINT_FIELDS = ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip")
+FINGERPRINT_FIELDS = ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip", "quality")
 
 
 def content_fingerprint(data: DataSpec, contents: Sequence[str]) -> str:
@@ -445,10 +451,10 @@ def check_shard_meta(meta: dict | None, manifest: Manifest, index: int, where: s
     if meta is None:
         raise FormatError(f"{where}: shard has no metadata (not written by this format version)")
     want = manifest.data.to_dict()
-    diffs = [k for k in DATA_KEYS if meta.get(k) != want[k]]
+    diffs = [k for k in DATA_KEYS if meta.get(k) != want.get(k)]
     if diffs:
         k = diffs[0]
-        raise FormatError(f"{where}: shard says {k} {_short(meta.get(k))}, manifest says {_short(want[k])}"
+        raise FormatError(f"{where}: shard says {k} {_short(meta.get(k))}, manifest says {_short(want.get(k))}"
                           f"{f' (also differ: {chr(44).join(diffs[1:])})' if diffs[1:] else ''}")
     if meta.get("index") != index:
         raise FormatError(f"{where}: shard is number {meta.get('index')} of its conversion, the manifest lists it "

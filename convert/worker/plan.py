@@ -64,12 +64,12 @@ class ConvertConfig:
     max_clips: int | None = None
     short: str = "skip"
     on_damage: str = "keep"
+    quality: int | None = None  # the codec's own scale (jpeg 1-100, h264/vp9 CRF); None: the codec's default
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.codec not in WRITE_CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}; choose one of {', '.join(WRITE_CODECS)}")
+        get_codec(self.codec, self.quality)  # an unknown codec, or a quality outside its scale: one line
         if self.on_damage not in DAMAGE_POLICIES:
             raise ValueError(f"on_damage must be one of {', '.join(DAMAGE_POLICIES)}, got {self.on_damage!r}")
         self.frame_spec()  # validates size / short side / fps
@@ -92,7 +92,7 @@ class ConvertConfig:
             fps=self.fps,
             clip=ClipSettings(clip_len=self.clip_len, stride=self.stride, step=self.clip_spec().start_step,
                               max_clips=self.max_clips, short=self.short),
-            on_damage=self.on_damage)
+            on_damage=self.on_damage, quality=WRITE_CODECS[self.codec].recorded_quality(self.quality))
 
     def to_dict(self) -> dict:
         d = asdict(self)

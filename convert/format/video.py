@@ -1,0 +1,285 @@
+"""Video-coded clip payloads: each clip one short H.264 or VP9 bitstream, decoded by FFmpeg (PyAV) here.
+
+A clip's 16 frames are one shot, which an inter-frame codec compresses far
+better than 16 separate JPEGs (docs/benchmarks.md). Each clip is encoded by
+a fresh encoder, so its bitstream is one closed group of pictures: the
+first frame is a keyframe and no frame refers outside the clip; a temporal
+window is decoded from the clip's start and the frames before it dropped.
+
+What the payload is (FORMAT.md, *Video payloads*), so that FFmpeg alone, or
+DALI's video decoder, reads it from memory:
+
+- ``h264``: an H.264 Annex-B byte stream (start codes, SPS and PPS in band
+  before the IDR picture), no B-frames, so decoding order is display order
+  and no decoder or demuxer has to reorder by timestamps.
+- ``vp9``: an IVF file (32-byte header, then a 12-byte header per frame).
+
+Pixels: frames of odd height or width are padded to even (their last row
+and column repeated) for 4:2:0 chroma and cropped back after decoding. YUV
+is BT.601 full range (the JPEG convention), written into each bitstream's
+colour description; RGB is defined by libswscale's conversion with
+``SWS_BILINEAR | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT``, which DALI's CPU
+video decoder gives bit for bit (tested). The encoders run one thread with
+fixed settings, so a rerun writes the same bytes.
+
+PyAV is imported when a video payload is first encoded or decoded, never by
+importing this module: reading raw, lz4 or jpeg conversions imports no PyAV.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+import numpy as np
+
+from .errors import FormatError
+from .payload import Codec, Payload, _window_out
+
+if TYPE_CHECKING:
+    import av
+
+# BT.601 full range, as the bitstreams' colour description records it (AVColorSpace, AVColorRange values) and as
+# libswscale's conversions name it.
+_COLORSPACE_BT601 = 5  # AVCOL_SPC_BT470BG: the BT.601 matrix
+_RANGE_FULL = 2  # AVCOL_RANGE_JPEG
+IVF_HEADER = 32
+IVF_FRAME_HEADER = 12
+# IVF's time base: one tick a frame (the clips' frame rate is the manifest's, not the payload's).
+_TIME_BASE = Fraction(1, 25)
+
+
+def _even(n: int) -> int:
+    return n + (n & 1)
+
+
+def coded_size(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(height, width) a clip of ``shape`` is coded at: each rounded up to even for 4:2:0 chroma."""
+    return _even(shape[1]), _even(shape[2])
+
+
+class _Swscale(threading.local):
+    """One libswscale context per thread and direction: creating one per frame costs more than the conversion."""
+
+    def __init__(self) -> None:
+        from av.video.reformatter import ColorRange, Colorspace, Interpolation, VideoReformatter
+
+        self.bt601, self.full = int(Colorspace.ITU601), int(ColorRange.JPEG)
+        self.to_yuv = VideoReformatter()
+        self.to_rgb = VideoReformatter()
+        # Encoding: area averaging of the chroma (the best PSNR of the filters tried); any deterministic choice
+        # is allowed here, the decoding side is the one FORMAT.md fixes.
+        self.encode_flags = int(Interpolation.AREA)
+        self.decode_flags = int(Interpolation.BILINEAR) | int(Interpolation.ACCURATE_RND) | \
+            int(Interpolation.FULL_CHR_H_INT)
+
+
+_SWS: _Swscale | None = None
+
+
+def _sws() -> _Swscale:
+    global _SWS
+    if _SWS is None:
+        _SWS = _Swscale()
+    return _SWS
+
+
+def yuv_frames(clip: np.ndarray) -> list[av.VideoFrame]:
+    """The clip's frames as BT.601 full-range YUV 4:2:0, padded to even size (last row/column repeated)."""
+    import av
+
+    t, h, w, _ = clip.shape
+    if h & 1 or w & 1:
+        clip = np.pad(clip, ((0, 0), (0, h & 1), (0, w & 1), (0, 0)), mode="edge")
+    sws = _sws()
+    frames = []
+    for i, rgb in enumerate(np.ascontiguousarray(clip, dtype=np.uint8)):
+        yuv = sws.to_yuv.reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p",
+                                  dst_colorspace=sws.bt601, dst_color_range=sws.full, interpolation=sws.encode_flags)
+        yuv.pts = i
+        yuv.colorspace, yuv.color_range = _COLORSPACE_BT601, _RANGE_FULL
+        frames.append(yuv)
+    return frames
+
+
+def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
+    """A decoded frame as RGB (FORMAT.md's conversion), cropped to ``out``'s (H, W) and written into it."""
+    import av
+
+    if frame.format.name != "yuv420p":
+        # H.264 decoders report full range as the deprecated "yuvj420p", which libswscale converts differently
+        # from yuv420p with full range given; the same planes relabelled convert as FORMAT.md says.
+        if frame.format.name != "yuvj420p":
+            raise FormatError(f"decoded frame is {frame.format.name}, the format allows yuv420p only")
+        frame = av.VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
+    sws = _sws()
+    rgb = sws.to_rgb.reformat(frame, format="rgb24", src_colorspace=sws.bt601, src_color_range=sws.full,
+                              interpolation=sws.decode_flags).to_ndarray()
+    h, w = out.shape[:2]
+    out[...] = rgb[:h, :w]
+
+
+class VideoCodec(Codec):
+    """A clip as one closed-GOP bitstream of an FFmpeg codec (subclasses: ``H264Codec``, ``Vp9Codec``).
+
+    ``quality``: the encoder's constant-rate factor (lower is better and
+    larger), within ``quality_range``; ``default_quality`` keeps the jpeg
+    codec's fidelity at a fraction of its bytes (docs/benchmarks.md).
+    """
+
+    encoder: ClassVar[str]  # FFmpeg's encoder
+    decoder: ClassVar[str]  # FFmpeg's decoder
+    encoder_options: ClassVar[dict[str, str]]  # fixed settings besides the quality: part of what a rerun repeats
+    records_default_quality = True
+
+    # -- encoding ------------------------------------------------------------------------------------------------
+    def _context(self, shape: tuple[int, ...]) -> av.VideoCodecContext:
+        import av
+
+        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.encoder, "w"))
+        cc.height, cc.width = coded_size(shape)
+        cc.pix_fmt = "yuv420p"
+        cc.time_base = _TIME_BASE
+        cc.framerate = Fraction(1) / _TIME_BASE
+        cc.colorspace, cc.color_range = _COLORSPACE_BT601, _RANGE_FULL
+        # One thread: the bytes then depend on nothing but the frames and these settings (a conversion runs a
+        # shard process per core already).
+        cc.thread_count = 1
+        cc.options = {**self.encoder_options, "crf": str(self.quality)}
+        return cc
+
+    def packets(self, clip: np.ndarray) -> list[bytes]:
+        """The clip's coded frames, one packet each, in decoding order (= display order)."""
+        clip = np.asarray(clip)
+        if clip.ndim != 4 or clip.shape[3] != 3 or clip.dtype != np.uint8 or clip.shape[0] < 1:
+            raise ValueError(f"{self.name} encodes uint8 (T, H, W, 3) clips, got {clip.dtype} {clip.shape}")
+        cc = self._context(clip.shape)
+        out: list[Any] = []
+        for frame in yuv_frames(clip):
+            out += cc.encode(frame)
+        out += cc.encode(None)
+        packets = self._filter(out)
+        if len(packets) != clip.shape[0]:
+            raise FormatError(f"{self.encoder} wrote {len(packets)} packets for {clip.shape[0]} frames")
+        return packets
+
+    def _filter(self, packets: list[Any]) -> list[bytes]:
+        return [bytes(p) for p in packets]
+
+    # -- decoding ------------------------------------------------------------------------------------------------
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+        """The payload split into the packets decoder ``cc`` is fed (FormatError where it cannot be)."""
+        raise NotImplementedError
+
+    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+        import av
+
+        out = _window_out(shape, t0, t, out)
+        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder, "r"))
+        cc.thread_count = 1
+        # A damaged bitstream is an error, not frames concealed from their neighbours.
+        cc.options = {"err_detect": "crccheck+bitstream+buffer+explode"}
+        height, width = coded_size(shape)
+        n = 0
+        try:
+            packets: list[av.Packet | None] = [*self.coded_frames(payload, cc), None]
+            for packet in packets:
+                for frame in cc.decode(packet):  # None flushes
+                    if (frame.height, frame.width) != (height, width):
+                        raise FormatError(f"{self.name} frame {n} is {frame.height}x{frame.width}, the clip's "
+                                          f"{shape[1]}x{shape[2]} is coded at {height}x{width}")
+                    if t0 <= n < t0 + t:
+                        rgb_into(frame, out[n - t0])
+                    n += 1
+                    if n > shape[0]:
+                        break
+        except av.FFmpegError as exc:
+            raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
+        if n != shape[0]:
+            raise FormatError(f"{self.name} payload decodes to {n} frames, header says {shape[0]}")
+        return out
+
+
+class H264Codec(VideoCodec):
+    """H.264 (libx264), one Annex-B stream per clip without B-frames: NVDEC decodes it on the GPU."""
+
+    name, id = "h264", 4
+    summary = "an H.264 stream per clip, lossy, decoded by NVDEC under DALI (GPU only there)"
+    payload = Payload(layout="stream", coding="h264", lossless=False)
+    expected_ratio = 30.0
+    encoder, decoder = "libx264", "h264"
+    quality_range, default_quality = (0, 51), 14
+    # veryfast: nearly medium's bytes at a fraction of its time at these sizes; bf=0: no reordering (module doc).
+    encoder_options: ClassVar[dict[str, str]] = {"preset": "veryfast", "bf": "0", "g": "9999",
+                                                 "sc_threshold": "0"}
+
+    def _filter(self, packets: list[Any]) -> list[bytes]:
+        # x264 writes its version and settings into an SEI message on the first frame: bytes that say nothing
+        # about the pixels and would tie the payload to the encoder's build. SEI NAL units (type 6) are dropped.
+        import av
+
+        bsf = av.bitstream.BitStreamFilterContext("filter_units=remove_types=6", "h264")
+        out = [bytes(q) for p in packets for q in bsf.filter(p)]
+        return out + [bytes(q) for q in bsf.filter(None)]
+
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+        # FFmpeg's H.264 parser cuts the Annex-B stream into access units, as a raw .h264 file is read.
+        return [*cc.parse(bytes(payload)), *cc.parse(None)]
+
+    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+        data = bytes(payload)
+        if not (data.startswith(b"\x00\x00\x00\x01") or data.startswith(b"\x00\x00\x01")):
+            raise FormatError(f"h264 payload of {len(data)} bytes does not start with an Annex-B start code")
+        return super().window(data, shape, t0, t, out)
+
+    def encode(self, clip: np.ndarray) -> bytes:
+        return b"".join(self.packets(clip))
+
+
+class Vp9Codec(VideoCodec):
+    """VP9 (libvpx), one IVF file per clip: decoded by NVDEC on the GPU and by DALI's CPU backend too."""
+
+    name, id = "vp9", 5
+    summary = "a VP9 stream (IVF) per clip, lossy, decoded by DALI on the GPU or the CPU"
+    payload = Payload(layout="stream", coding="vp9", lossless=False)
+    expected_ratio = 30.0
+    encoder, decoder = "libvpx-vp9", "vp9"
+    quality_range, default_quality = (0, 63), 20
+    # realtime with cpu-used 8: libvpx's fastest mode, within a few per cent of its slower modes' bytes here.
+    encoder_options: ClassVar[dict[str, str]] = {"b:v": "0", "deadline": "realtime", "cpu-used": "8",
+                                                 "g": "9999", "lag-in-frames": "0", "row-mt": "0"}
+
+    def encode(self, clip: np.ndarray) -> bytes:
+        packets = self.packets(clip)
+        height, width = coded_size(clip.shape)
+        parts = [struct.pack("<4sHH4sHHIIII", b"DKIF", 0, IVF_HEADER, b"VP90", width, height,
+                             _TIME_BASE.denominator, _TIME_BASE.numerator, len(packets), 0)]
+        for pts, packet in enumerate(packets):
+            parts += [struct.pack("<IQ", len(packet), pts), packet]
+        return b"".join(parts)
+
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+        import av
+
+        view = memoryview(payload)
+        if len(view) < IVF_HEADER or bytes(view[:4]) != b"DKIF" or bytes(view[8:12]) != b"VP90":
+            raise FormatError(f"vp9 payload of {len(view)} bytes is not an IVF file of VP9 frames")
+        (header_len,) = struct.unpack_from("<H", view, 6)
+        pos, frames = header_len, cast("list[av.Packet]", [])
+        while pos < len(view):
+            if pos + IVF_FRAME_HEADER > len(view):
+                raise FormatError(f"vp9 payload: IVF frame {len(frames)} header cut short at byte {pos}")
+            (size,) = struct.unpack_from("<I", view, pos)
+            pos += IVF_FRAME_HEADER
+            if pos + size > len(view):
+                raise FormatError(f"vp9 payload: IVF frame {len(frames)} of {size} bytes runs past the end")
+            frames.append(av.Packet(bytes(view[pos:pos + size])))
+            pos += size
+        return frames
+
+
+__all__ = ["H264Codec", "VideoCodec", "Vp9Codec", "coded_size", "rgb_into", "yuv_frames"]
