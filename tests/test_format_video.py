@@ -1,0 +1,134 @@
+"""The video codecs (h264, vp9): exact frames, odd sizes, colour, quality, determinism, bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from convert.format import FormatError, codec_for_id, get_codec, read_manifest
+from convert.format.video import coded_size
+
+from .convert_helpers import run_cli
+from .videos import pattern
+
+VIDEO_CODECS = ("h264", "vp9")
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b) ** 2))
+    return 10 * np.log10(255 ** 2 / max(mse, 1e-12))
+
+
+@pytest.fixture(scope="module")
+def clip() -> np.ndarray:
+    """A 16-frame clip of odd height and width, moving patterns (as the synthetic videos have)."""
+    return pattern(16, 37, 51, seed=3)
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_a_clip_decodes_to_exactly_its_frames_cropped_back_and_close_to_the_source(name, clip):
+    codec = get_codec(name)
+    payload = codec.encode(clip)
+    assert coded_size(clip.shape) == (38, 52)
+    frames = codec_for_id(codec.id).decode(payload, clip.shape)
+    assert frames.shape == clip.shape and frames.dtype == np.uint8
+    assert _psnr(frames, clip) > 30  # each frame is its own, in order: a shifted frame falls far below
+    per_frame = [_psnr(frames[k], clip[k]) for k in range(16)]
+    assert min(per_frame) > 25
+    # A window is the whole decode's frames, written into the caller's array.
+    out = np.zeros((5, 37, 51, 3), np.uint8)
+    assert codec.window(payload, clip.shape, 9, 5, out) is out
+    assert np.array_equal(out, frames[9:14])
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_encoding_is_deterministic_and_the_quality_changes_the_bytes(name, clip):
+    codec = get_codec(name)
+    assert codec.encode(clip) == get_codec(name).encode(clip)
+    low, high = codec.quality_range  # type: ignore[misc]
+    better, worse = get_codec(name, low + 5).encode(clip), get_codec(name, high - 10).encode(clip)
+    assert len(better) > len(worse)
+
+
+def test_payloads_are_what_format_md_says(clip):
+    h264 = bytes(get_codec("h264").encode(clip))
+    assert h264.startswith(b"\x00\x00\x00\x01")
+    # No SEI NAL units (type 6): x264's version string would tie the bytes to the encoder build.
+    nal_types = {h264[i + 4] & 0x1F for i in range(len(h264) - 4) if h264[i:i + 4] == b"\x00\x00\x00\x01"}
+    nal_types |= {h264[i + 3] & 0x1F for i in range(len(h264) - 3) if h264[i:i + 3] == b"\x00\x00\x01"}
+    assert 6 not in nal_types and {7, 8, 5} <= nal_types  # SPS, PPS, IDR
+    vp9 = bytes(get_codec("vp9").encode(clip))
+    assert vp9[:4] == b"DKIF" and vp9[8:12] == b"VP90"
+    assert int.from_bytes(vp9[12:14], "little") == 52 and int.from_bytes(vp9[14:16], "little") == 38
+    assert int.from_bytes(vp9[24:28], "little") == 16
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_the_stream_says_bt601_full_range(name, clip):
+    import io
+
+    import av
+
+    fmt = {"h264": "h264", "vp9": "ivf"}[name]
+    with av.open(io.BytesIO(get_codec(name).encode(clip)), format=fmt) as container:
+        frame = next(container.decode(video=0))
+    assert frame.color_range == 2  # AVCOL_RANGE_JPEG: full
+    assert frame.colorspace in (5, 6)  # BT.470BG / SMPTE 170M: the BT.601 matrix
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_damaged_or_foreign_payloads_are_one_line_format_errors(name, clip):
+    codec = get_codec(name)
+    payload = codec.encode(clip)
+    other = get_codec("vp9" if name == "h264" else "h264").encode(clip)
+    for bad in (payload[: len(payload) // 3], b"", other, b"\x00\x00\x00\x01" + bytes(200)):
+        with pytest.raises(FormatError) as exc:
+            codec.decode(bad, clip.shape)
+        assert "\n" not in str(exc.value) and name in str(exc.value)
+    # A sound stream of fewer frames than the header's T: the count check says so.
+    short = codec.encode(clip[:12])
+    with pytest.raises(FormatError, match=f"{name} payload decodes to 12 frames, header says 16"):
+        codec.decode(short, clip.shape)
+    # Coded at another size than the header's H x W.
+    with pytest.raises(FormatError, match="is coded at"):
+        codec.decode(payload, (16, 61, 51, 3))
+
+
+def test_quality_is_checked_on_each_codecs_scale():
+    with pytest.raises(ValueError, match=r"^h264 quality must be an integer in 0\.\.51, got 52$"):
+        get_codec("h264", 52)
+    with pytest.raises(ValueError, match=r"^vp9 quality must be an integer in 0\.\.63, got -1$"):
+        get_codec("vp9", -1)
+    with pytest.raises(ValueError, match="^codec raw has no quality setting"):
+        get_codec("raw", 10)
+    assert get_codec("jpeg", 70).quality == 70 and get_codec("h264").quality == 14
+
+
+def test_bad_codec_or_quality_on_the_command_line_is_one_line_and_status_2(tmp_path):
+    for args, message in ((("--codec", "h265"), "invalid choice: 'h265'"),
+                          (("--codec", "h264", "--quality", "60"), "h264 quality must be an integer in 0..51"),
+                          (("--codec", "lz4", "--quality", "5"), "codec lz4 has no quality setting")):
+        r = run_cli(str(tmp_path), str(tmp_path / "out"), *args)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert message in lines[-1], r.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_manifest_and_every_shard_record_the_quality(tmp_path, videos):
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    os.symlink(videos.path("mmcv__test.mp4"), src / "mmcv__test.mp4")
+    out = str(tmp_path / "out")
+    r = run_cli(str(tmp_path / "src"), out, "--codec", "vp9", "--quality", "30", "--max-clips", "2",
+                "--no-progress")
+    assert r.returncode == 0, r.stderr
+    manifest = read_manifest(out)
+    assert manifest.data.codec == "vp9" and manifest.data.codec_id == 5 and manifest.data.quality == 30
+    with open(os.path.join(out, "manifest.json")) as f:
+        assert json.load(f)["quality"] == 30
+    verify = run_cli("verify", out)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
