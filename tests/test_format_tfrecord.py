@@ -28,9 +28,8 @@ from .loaders_fixtures import converted, copy_conversion, loader_base, raw_root 
 
 @pytest.fixture(scope="module")
 def tf_roots(synth_videos, loader_base):  # noqa: F811
-    """raw, lz4 and jpeg TFRecord conversions of the shared synthetic videos (3 shards each)."""
-    return {c: converted(synth_videos, loader_base, f"tf_{c}", codec=c, backend="tfrecord") for c in ("raw", "lz4",
-                                                                                                      "jpeg")}
+    """TFRecord conversions of the shared synthetic videos with every codec (3 shards each)."""
+    return {c: converted(synth_videos, loader_base, f"tf_{c}", codec=c, backend="tfrecord") for c in WRITE_CODECS}
 
 
 def _lmdb(synth_videos, loader_base, codec):  # noqa: F811

@@ -104,7 +104,7 @@ def test_quality_is_checked_on_each_codecs_scale():
         get_codec("vp9", -1)
     with pytest.raises(ValueError, match="^codec raw has no quality setting"):
         get_codec("raw", 10)
-    assert get_codec("jpeg", 70).quality == 70 and get_codec("h264").quality == 14
+    assert get_codec("jpeg", 70).quality == 70 and get_codec("h264").quality == 16
 
 
 def test_bad_codec_or_quality_on_the_command_line_is_one_line_and_status_2(tmp_path):

@@ -61,7 +61,12 @@ def coded_size(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 class _Swscale(threading.local):
-    """One libswscale context per thread and direction: creating one per frame costs more than the conversion."""
+    """One libswscale context per thread and direction: creating one per frame costs more than the conversion.
+
+    Each converts in one thread (``threads=1`` at every call): a reader
+    already runs a conversion per reader thread, and a shard process runs per
+    core, so slice threads would only contend.
+    """
 
     def __init__(self) -> None:
         from av.video.reformatter import ColorRange, Colorspace, Interpolation, VideoReformatter
@@ -97,7 +102,8 @@ def yuv_frames(clip: np.ndarray) -> list[av.VideoFrame]:
     frames = []
     for i, rgb in enumerate(np.ascontiguousarray(clip, dtype=np.uint8)):
         yuv = sws.to_yuv.reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p",
-                                  dst_colorspace=sws.bt601, dst_color_range=sws.full, interpolation=sws.encode_flags)
+                                  dst_colorspace=sws.bt601, dst_color_range=sws.full, interpolation=sws.encode_flags,
+                                  threads=1)
         yuv.pts = i
         yuv.colorspace, yuv.color_range = _COLORSPACE_BT601, _RANGE_FULL
         frames.append(yuv)
@@ -116,7 +122,7 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
         frame = av.VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
     sws = _sws()
     rgb = sws.to_rgb.reformat(frame, format="rgb24", src_colorspace=sws.bt601, src_color_range=sws.full,
-                              interpolation=sws.decode_flags).to_ndarray()
+                              interpolation=sws.decode_flags, threads=1).to_ndarray()
     h, w = out.shape[:2]
     out[...] = rgb[:h, :w]
 
@@ -211,10 +217,13 @@ class H264Codec(VideoCodec):
     payload = Payload(layout="stream", coding="h264", lossless=False)
     expected_ratio = 30.0
     encoder, decoder = "libx264", "h264"
-    quality_range, default_quality = (0, 51), 14
+    quality_range, default_quality = (0, 51), 16
     # veryfast: nearly medium's bytes at a fraction of its time at these sizes; bf=0: no reordering (module doc).
+    # mbtree=0: with x264's macroblock-tree rate control on, one thread and the same frames still gave other
+    # bytes now and then in a shard process (a rerun must write the same bytes); without it, never in the
+    # runs tried (docs/benchmarks.md has its cost in bytes, which a higher default CRF takes back).
     encoder_options: ClassVar[dict[str, str]] = {"preset": "veryfast", "bf": "0", "g": "9999",
-                                                 "sc_threshold": "0"}
+                                                 "sc_threshold": "0", "x264-params": "mbtree=0"}
 
     def _filter(self, packets: list[Any]) -> list[bytes]:
         # x264 writes its version and settings into an SEI message on the first frame: bytes that say nothing
