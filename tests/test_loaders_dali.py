@@ -351,7 +351,8 @@ def test_h264_without_a_gpu_is_refused_in_one_line_naming_what_reads_it(shards):
         msg = str(info.value)
         assert "\n" not in msg and msg.startswith(f"{root}: h264 clips need a GPU under DALI (DALI decodes H.264 "
                                                   f"with NVDEC on a GPU only;")
-        assert "vp9" in msg and msg.endswith("--loader threads reads this one on the CPU")
+        assert "DALI reads raw, jpeg and vp9 conversions" in msg and "device_id" not in msg
+        assert msg.endswith("--loader threads reads this one on the CPU")
 
 
 def test_video_graph_crops_the_even_coded_frames_back_to_the_stored_size(shards):

@@ -329,8 +329,8 @@ def test_h264_without_gpu_is_refused_in_one_line(synth_videos, loader_base):  # 
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"{root}: h264 clips need a GPU under DALI (DALI decodes H.264 with "
                                               f"NVDEC on a GPU only; its CPU backend has no H.264 decoder)")
-    assert "DALI reads raw and jpeg and vp9 conversions" in msg
-    assert msg.endswith("--loader threads reads this one on the CPU")
+    assert "there is none for it here; without one, DALI reads raw, jpeg and vp9 conversions" in msg
+    assert msg.endswith("--loader threads reads this one on the CPU") and "device_id" not in msg
 
 
 def test_a_gpu_device_without_a_gpu_is_a_one_line_error(tf_roots):

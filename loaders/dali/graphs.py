@@ -128,10 +128,12 @@ def refuse_without_gpu(root: str, codec: Codec, device_id: int | None) -> None:
     ``codec``'s payloads need a GPU under DALI with no CPU fallback (``Graph.gpu_only``)."""
     graph = graph_for(codec)
     if device_id is None and not graph.cpu_fallback:
-        on_cpu = " and ".join(cpu_codecs())
-        raise ValueError(f"{root}: {codec.name} clips need a GPU under DALI ({graph.gpu_only}) and device_id is "
-                         f"None; without a GPU, DALI reads {on_cpu} conversions, and --loader threads reads this "
-                         f"one on the CPU")
+        *most, last = cpu_codecs()
+        on_cpu = f"{', '.join(most)} and {last}" if most else last
+        # Said for a user of the trainer as much as of the API: no API words.
+        raise ValueError(f"{root}: {codec.name} clips need a GPU under DALI ({graph.gpu_only}), and there is none "
+                         f"for it here; without one, DALI reads {on_cpu} conversions, and --loader threads reads "
+                         f"this one on the CPU")
 
 
 __all__ = ["GRAPHS", "Graph", "cpu_codecs", "graph_for", "refuse_without_gpu"]
