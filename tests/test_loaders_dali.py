@@ -355,6 +355,19 @@ def test_h264_without_a_gpu_is_refused_in_one_line_naming_what_reads_it(shards):
         assert msg.endswith("--loader threads reads this one on the CPU")
 
 
+def test_a_graph_says_why_it_needs_a_gpu_exactly_when_it_has_no_cpu_fallback():
+    from loaders.dali.graphs import GRAPHS, Graph
+
+    decode = GRAPHS[("stream", "h264")].decode
+    assert not GRAPHS[("stream", "h264")].cpu_fallback and GRAPHS[("stream", "vp9")].cpu
+    with pytest.raises(ValueError, match="cpu_fallback=False needs cpu=False"):
+        Graph(decode=decode, cpu=True, cpu_fallback=False, gpu_only="why")
+    with pytest.raises(ValueError, match="gpu_only says why"):
+        Graph(decode=decode, cpu=False, cpu_fallback=False)
+    with pytest.raises(ValueError, match="gpu_only says why"):
+        Graph(decode=decode, cpu=False, gpu_only="a reason nobody reads: the source route falls back")
+
+
 def test_video_graph_crops_the_even_coded_frames_back_to_the_stored_size(shards):
     """The vp9 graph alone, on DALI's CPU backend: clips of 128 x 171 are coded 128 x 172; the graph gives the
     stored (T, H, W, C) and open_clips' decode of it, bit for bit."""
