@@ -20,6 +20,16 @@ from NVML (when ``nvidia-ml-py`` is installed) and the batch. Results also
 go to WORK/device_check.json. A configuration that would start after
 ``--budget-s`` seconds is skipped (and said so), so the whole check stays
 within its 8 minutes however slow the machine.
+
+Before the trainer, the NVDEC rows (when ``nvidia.dali`` imports; ``--no-nvdec``
+leaves them out): small synthetic h264 and vp9 conversions of 16x128x171
+clips (an odd width: coded 172 wide, cropped back), their payloads decoded by
+the DALI graph the loaders use (``loaders.dali.graphs``; "mixed": NVDEC) with
+1 and 4 pipelines side by side, in clips/s, and the decoded clips against
+``open_clips``' CPU decode: max and mean absolute error, the check failing
+when the mean exceeds ``NVDEC_MEAN_TOLERANCE``. ``--smoke`` runs the same rows
+on DALI's CPU backend, where vp9 must equal ``open_clips`` exactly and h264
+is skipped (DALI has no CPU H.264 decoder).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from convert.format.system import cpu_count  # noqa: E402
@@ -46,6 +57,134 @@ from train.gpustats import PEAKS  # noqa: E402
 from train.gpustats import peak_flops as gpu_peak  # noqa: E402
 from train.main import run_argv  # noqa: E402
 from train.models import MODELS, flops_per_clip  # noqa: E402
+
+# Grey levels of mean absolute error allowed between a GPU-decoded video clip and open_clips' CPU decode: NVDEC's
+# pixels go through DALI's own YUV-to-RGB kernel, not FORMAT.md's libswscale conversion, so they may differ at
+# chroma edges; a wrong matrix or range would move the mean by far more. The CPU backend is held to 0.
+NVDEC_MEAN_TOLERANCE = 1.0
+NVDEC_CODECS = ("h264", "vp9")
+NVDEC_PIPELINES = (1, 4)
+
+
+def _decode_pipe(items: list, graph, *, batch: int, device_id: int | None, start: int = 0):
+    """A bare DALI pipeline decoding ``items`` ((header, payload) pairs, cycled from ``start``) with ``graph``."""
+    from loaders.dali.base import Pipeline, fn, pipeline_options, types
+
+    state = {"next": start}
+
+    def source() -> tuple[list, list]:
+        k = state["next"]
+        state["next"] = k + batch
+        picked = [items[(k + j) % len(items)] for j in range(batch)]
+        return ([np.frombuffer(p, dtype=np.uint8) for _, p in picked],
+                [np.asarray(h.shape, dtype=np.int32) for h, _ in picked])
+
+    pipe = Pipeline(batch_size=batch, num_threads=2, device_id=device_id, seed=0, prefetch_queue_depth=2,
+                    **pipeline_options())
+    where = "cpu" if device_id is None else "gpu"
+    with pipe:
+        data, shape = fn.external_source(source=source, num_outputs=2, dtype=[types.UINT8, types.INT32],
+                                         ndim=[1, 1])
+        if where == "gpu" and not graph.host_input:
+            data = data.gpu()
+        pipe.set_outputs(graph.decode(data, shape=shape, offsets=None, sizes=None, frames=int(items[0][0].shape[0]),
+                                      device=where))
+    pipe.build()
+    return pipe
+
+
+def _run_until(pipe, stop: float, batch: int, done: list[int], i: int) -> None:
+    while time.perf_counter() < stop:
+        pipe.run()
+        done[i] += batch
+
+
+def _clips_per_s(items: list, graph, *, pipelines: int, batch: int, device_id: int | None, seconds: float) -> float:
+    """Clips/s of ``pipelines`` decoding pipelines run side by side, each in its own thread, for ``seconds`` after
+    a first untimed batch each."""
+    import threading
+
+    pipes = [_decode_pipe(items, graph, batch=batch, device_id=device_id, start=i * batch) for i in range(pipelines)]
+    for p in pipes:
+        p.run()
+    done = [0] * pipelines
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=_run_until, args=(p, t0 + seconds, batch, done, i))
+               for i, p in enumerate(pipes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if device_id is not None:
+        torch.cuda.synchronize(device_id)
+    rate = sum(done) / (time.perf_counter() - t0)
+    pipes.clear()
+    gc.collect()  # the pipelines' threads and memory, before the next count
+    return round(rate, 1)
+
+
+def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -> dict:
+    """One codec's NVDEC row: decoded clips against ``open_clips``' decode, then clips/s per pipeline count."""
+    from convert.store import open_clips
+    from loaders.dali.graphs import graph_for
+
+    store = open_clips(root)
+    codec = store.manifest.data.codec
+    graph = graph_for(store.codec)
+    if device_id is None and not graph.cpu:
+        return {"codec": codec, "error": "skipped: DALI decodes it on the GPU only"}
+    items: list = []
+    store.visit(range(len(store)), lambda _, header, payload: items.append((header, bytes(payload))))
+    # Values: every clip once, in order, against the CPU decode of FORMAT.md.
+    pipe = _decode_pipe(items, graph, batch=batch, device_id=device_id)
+    worst, total, count = 0, 0.0, 0
+    for k in range(0, len(items), batch):
+        (out,) = pipe.run()
+        out = out.as_cpu() if device_id is not None else out
+        for j in range(min(batch, len(items) - k)):
+            header, payload = items[k + j]
+            got = np.array(out[j]).astype(np.int16)
+            want = store.codec.decode(payload, header.shape).astype(np.int16)
+            if got.shape != want.shape:
+                return {"codec": codec, "error": f"decoded {got.shape}, open_clips {want.shape}"}
+            diff = np.abs(got - want)
+            worst, total, count = max(worst, int(diff.max())), total + float(diff.sum()), count + diff.size
+    del pipe
+    mean = total / max(count, 1)
+    row: dict = {"codec": codec, "clips": len(items), "max_abs": worst, "mean_abs": round(mean, 4)}
+    allowed = 0.0 if device_id is None else NVDEC_MEAN_TOLERANCE
+    if mean > allowed or (device_id is None and worst):
+        row["error"] = f"{codec}: decoded clips differ from open_clips by mean {mean:.3f} (max {worst}), " \
+                       f"allowed mean {allowed:g}"
+    for n in NVDEC_PIPELINES:
+        row[f"clips_s_{n}"] = _clips_per_s(items, graph, pipelines=n, batch=batch, device_id=device_id,
+                                           seconds=seconds)
+    return row
+
+
+def nvdec_rows(work: str, *, device_id: int | None, cores: int, smoke: bool) -> list[dict]:
+    """The NVDEC rows: an h264 and a vp9 conversion of the same small synthetic set, one row each."""
+    roots = synthetic_conversions(work, {f"nvdec_{c}": ConvertConfig(codec=c) for c in NVDEC_CODECS},
+                                  per_class=1 if smoke else 2, seconds=1.2 if smoke else 4.0, videos="videos-nvdec",
+                                  workers=cores)
+    rows = []
+    for codec in NVDEC_CODECS:
+        row = nvdec_row(roots[f"nvdec_{codec}"], device_id=device_id, batch=4 if smoke else 16,
+                        seconds=0.5 if smoke else 3.0)
+        rows.append(row)
+        print(f"  nvdec {codec:<5} " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "codec"), flush=True)
+    return rows
+
+
+def nvdec_table(rows: list[dict]) -> str:
+    counts = " | ".join(f"clips/s, {n} pipeline{'s' if n > 1 else ''}" for n in NVDEC_PIPELINES)
+    lines = [f"| codec | clips | max abs error | mean abs error | {counts} | note |",
+             "|" + "---|" * (5 + len(NVDEC_PIPELINES))]
+    for r in rows:
+        speeds = " | ".join(str(r.get(f"clips_s_{n}", "-")) for n in NVDEC_PIPELINES)
+        lines.append(f"| {r['codec']} | {r.get('clips', '-')} | {r.get('max_abs', '-')} | {r.get('mean_abs', '-')} | "
+                     f"{speeds} | {r.get('error', '')} |")
+    return "\n".join(lines)
 
 
 def peak_flops(device: torch.device, given: float | None) -> float | None:
@@ -133,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "check ends within 8 minutes)")
     p.add_argument("--model", default="c3d", choices=tuple(MODELS),
                    help="the network (train.models.MODELS; default c3d), at 16 frames and its own crop")
+    p.add_argument("--no-nvdec", action="store_true", help="leave out the NVDEC rows (h264 and vp9 decoding)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for MFU (default: from its name, e.g. H200 989)")
     return p
@@ -168,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         per_class, seconds = (24, 12.0) if not opts.smoke else (2, 2.0)
         data = synthetic_conversions(opts.work, {"train": ConvertConfig(size=size)}, per_class=per_class,
                                      seconds=seconds, workers=cores)["train"]
+    nvdec: list[dict] = []
+    if dali_missing() is None and not opts.no_nvdec:
+        print("--- NVDEC: h264 and vp9 through DALI's video decoder ---", flush=True)
+        nvdec = nvdec_rows(opts.work, device_id=device.index or 0 if cuda else None, cores=cores, smoke=opts.smoke)
     print(f"data: {data} (ready in {time.perf_counter() - t0:.0f} s); device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if cuda else ""), flush=True)
     # The first loader probes the batch (auto); the others reuse its answer.
@@ -196,12 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{opts.model} width {opts.width}, {opts.clip_len}x{opts.crop}x{opts.crop}, {opts.steps} steps per "
           f"configuration; MFU = clips/s x {opts.step_flops:.3g} FLOP (3 forward passes, counted) / {peak}")
     print(table(rows))
+    if nvdec:
+        print(f"\nNVDEC ({'DALI mixed' if cuda else 'DALI CPU backend'}): 16x128x171 clips against open_clips' decode")
+        print(nvdec_table(nvdec))
     with open(os.path.join(opts.work, "device_check.json"), "w") as f:
         json.dump({"device": str(device), "name": torch.cuda.get_device_name(device) if cuda else "cpu",
                    "model": opts.model, "width": opts.width, "crop": opts.crop, "peak_flops": opts.peak,
-                   "rows": rows}, f, indent=1)
+                   "rows": rows, "nvdec": nvdec}, f, indent=1)
     print(f"total {time.perf_counter() - t0:.0f} s; results in {os.path.join(opts.work, 'device_check.json')}")
-    failed = [r for r in rows if "error" in r and "skipped" not in r["error"]]
+    failed = [r for r in rows + nvdec if "error" in r and "skipped" not in r["error"]]
     return 1 if failed else 0
 
 

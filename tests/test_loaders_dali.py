@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,12 +35,14 @@ SCALES = (1.0, 0.875, 0.75, 0.66)
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> dict[str, str]:
-    """10 synthetic videos (18 clips of 16x128x171) converted as raw, lz4 and jpeg, plus lz4 by short side."""
+    """10 synthetic videos (18 clips of 16x128x171, an odd width) converted as raw, lz4, jpeg, vp9 and h264, plus
+    lz4 by short side."""
     from convert.synth import synthetic_conversions
     from convert.worker.plan import ConvertConfig
 
     configs = {"raw": ConvertConfig(codec="raw"), "lz4": ConvertConfig(codec="lz4"),
-               "jpeg": ConvertConfig(codec="jpeg"),
+               "jpeg": ConvertConfig(codec="jpeg"), "vp9": ConvertConfig(codec="vp9"),
+               "h264": ConvertConfig(codec="h264"),
                "lz4_short": ConvertConfig(codec="lz4", size=None, short_side=120)}
     out = synthetic_conversions(str(tmp_path_factory.mktemp("dali")), configs, per_class=2, seconds=1.2, workers=2)
     return {name: out[name] for name in configs}
@@ -66,7 +69,9 @@ def _assert_same_as_lmdb(loader: DaliClipLoader, ds: ClipDataset, epoch: int) ->
 
 # -- values -------------------------------------------------------------------
 
-@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg", "lz4_short"])
+# vp9: DALI's CPU video decoder, the stream cropped back from the even size it is coded at, equals open_clips'
+# decode bit for bit (tolerance 0, measured).
+@pytest.mark.parametrize("codec", ["raw", "lz4", "jpeg", "lz4_short", "vp9"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_batches_bit_identical_to_lmdb_dataset(shards, codec, train):
     preset = ClipPreset(train=train, seed=3, clip_len=8 if train else None)
@@ -333,6 +338,63 @@ def test_damaged_value_is_a_one_line_dataset_error_naming_the_key(shards, tmp_pa
         for _ in loader:
             pass
     assert "\n" not in str(info.value)
+
+
+def test_h264_without_a_gpu_is_refused_in_one_line_naming_what_reads_it(shards):
+    """DALI has no CPU H.264 decoder and the source route does not fall back to decoding it in Python: refused when
+    the loader is made, saying why, and what reads on the CPU instead."""
+    root = shards["h264"]
+    for make in (lambda: DaliClipLoader(root, train=False, batch_size=4, workers=0),
+                 lambda: build_dali_loader(root, train=True, batch_size=4)):
+        with pytest.raises(ValueError) as info:
+            make()
+        msg = str(info.value)
+        assert "\n" not in msg and msg.startswith(f"{root}: h264 clips need a GPU under DALI (DALI decodes H.264 "
+                                                  f"with NVDEC on a GPU only;")
+        assert "DALI reads raw, jpeg and vp9 conversions" in msg and "device_id" not in msg
+        assert msg.endswith("--loader threads reads this one on the CPU")
+
+
+def test_a_graph_says_why_it_needs_a_gpu_exactly_when_it_has_no_cpu_fallback():
+    from loaders.dali.graphs import GRAPHS, Graph
+
+    decode = GRAPHS[("stream", "h264")].decode
+    assert not GRAPHS[("stream", "h264")].cpu_fallback and GRAPHS[("stream", "vp9")].cpu
+    with pytest.raises(ValueError, match="cpu_fallback=False needs cpu=False"):
+        Graph(decode=decode, cpu=True, cpu_fallback=False, gpu_only="why")
+    with pytest.raises(ValueError, match="gpu_only says why"):
+        Graph(decode=decode, cpu=False, cpu_fallback=False)
+    with pytest.raises(ValueError, match="gpu_only says why"):
+        Graph(decode=decode, cpu=False, gpu_only="a reason nobody reads: the source route falls back")
+
+
+def test_video_graph_crops_the_even_coded_frames_back_to_the_stored_size(shards):
+    """The vp9 graph alone, on DALI's CPU backend: clips of 128 x 171 are coded 128 x 172; the graph gives the
+    stored (T, H, W, C) and open_clips' decode of it, bit for bit."""
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    from loaders.dali.graphs import graph_for
+
+    store = open_clips(shards["vp9"])
+    graph = graph_for(store.codec)
+    items = payloads(store, range(3))
+    shape = items[0][0].shape
+    assert shape[2] % 2 == 1  # the odd width the crop-back is for
+    pipe = Pipeline(batch_size=3, num_threads=1, device_id=None, exec_dynamic=True)
+    with pipe:
+        data = fn.external_source(source=lambda: [np.frombuffer(p, np.uint8) for _, p in items],
+                                  dtype=types.DALIDataType.UINT8, ndim=1)
+        dims = fn.external_source(source=lambda: [np.asarray(h.shape, np.int32) for h, _ in items],
+                                  dtype=types.DALIDataType.INT32, ndim=1)
+        pipe.set_outputs(graph.decode(data, shape=dims, offsets=None, sizes=None, frames=shape[0], device="cpu"))
+    pipe.build()
+    (out,) = pipe.run()
+    for k, (header, payload) in enumerate(items):
+        got = np.array(out[k])
+        assert got.shape == tuple(header.shape) and out.layout() == "FHWC"
+        assert np.array_equal(got, store.codec.decode(payload, header.shape))
+    del pipe
 
 
 def test_missing_dali_is_a_one_line_import_error_and_loaders_never_imports_it():

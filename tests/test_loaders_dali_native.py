@@ -34,9 +34,10 @@ CROP = 112
 def tf_roots(synth_videos, loader_base) -> dict[str, str]:  # noqa: F811
     """The session's synthetic videos as TFRecord conversions (47 clips of 16 x 128 x 171, 3 shards).
 
-    Through ``tfrecord_converted``: the same conversions the other TFRecord tests read.
+    Through ``tfrecord_converted``: the same conversions the other TFRecord tests read. vp9's frames are coded
+    128 x 172 and cropped back to 171 by the graph before the crop, whose anchors are relative to 171.
     """
-    return {codec: tfrecord_converted(synth_videos, loader_base, codec) for codec in ("raw", "jpeg")}
+    return {codec: tfrecord_converted(synth_videos, loader_base, codec) for codec in ("raw", "jpeg", "vp9")}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,9 @@ def _real(batches: list[dict]) -> list[int]:
 
 # -- values ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("codec", ["raw", "jpeg"])
+# vp9 on DALI's CPU backend equals open_clips' decode bit for bit (tolerance 0, measured): FORMAT.md's RGB is
+# libswscale's conversion, which DALI's CPU video decoder uses.
+@pytest.mark.parametrize("codec", ["raw", "jpeg", "vp9"])
 @pytest.mark.parametrize("clip_len", [None, 8], ids=["all-frames", "window-8"])
 def test_eval_equals_clip_dataset_centre_crops_bit_for_bit(tf_roots, codec, clip_len):
     """Two ranks in evaluation: every clip once, each the centre crop (and centre window) ClipDataset gives."""
@@ -237,6 +240,41 @@ def test_resume_from_checkpoint_continues_the_epoch_exactly(tf_roots, codec):
     assert sorted(real) == sorted(_real(whole[0])) and len(set(real)) == shard_sizes(len(open_clips(root)), 2)[0]
 
 
+def test_vp9_training_batches_are_crops_of_the_stored_clips_and_resume_by_reading(tf_roots):
+    """DALI cannot checkpoint its video decoder: the pipeline is built without checkpoints, a state saves an empty
+    one, and the resume reads up to the position; the rest of the epoch equals the unbroken run's."""
+    root = tf_roots["vp9"]
+    store = open_clips(root)
+    preset = ClipPreset(train=True, clip_len=8, seed=4, crop_size=CROP)
+
+    def make() -> DaliTFRecordLoader:
+        loader = DaliTFRecordLoader(root, train=True, batch_size=BS, preset=preset)
+        loader.set_epoch(1)
+        return loader
+
+    whole = _epoch(make())
+    for b in whole[:2]:
+        assert b["clip"].shape == (BS, 8, CROP, CROP, 3) and b["label"].dtype == torch.int64
+        for k, i in enumerate(b["index"].tolist()):
+            assert int(b["label"][k]) == store[i].label
+            assert _find_crop(store[i].clip, b["clip"][k].numpy()) is not None, f"clip {i} is no crop of its clip"
+    first = make()
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = _roundtrip(first.state_dict(consumed=2 * BS))
+    first.close()
+    assert state["position"] == 2 * BS and state["dali"]["checkpoint"] == ""
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    resumed.set_position(2 * BS)
+    rest = _epoch(resumed)
+    resumed.close()
+    assert [b["index"].tolist() for b in rest] == [b["index"].tolist() for b in whole[2:]]
+    assert all(torch.equal(a["clip"], b["clip"]) for a, b in zip(rest, whole[2:]))
+
+
 def test_a_position_without_checkpoint_is_reached_by_reading(tf_roots):
     root = tf_roots["raw"]
     preset = ClipPreset(train=True, seed=6, crop_size=CROP)
@@ -280,6 +318,19 @@ def test_lz4_without_gpu_is_a_one_line_error_naming_the_cpu_codecs(tf_lz4):
     assert "\n" not in msg and tf_lz4 in msg and "DALI decodes lz4 clips on a GPU only" in msg
     assert "raw and jpeg" in msg and msg.endswith("read this one with --loader threads, which decodes lz4 on the CPU")
     assert "device_id" not in msg
+
+
+def test_h264_without_gpu_is_refused_in_one_line(synth_videos, loader_base):  # noqa: F811
+    """DALI's CPU backend has no H.264 decoder: refused when the loader is made, saying so, what DALI reads on the
+    CPU (vp9 among them) and the loader that reads this one there."""
+    root = tfrecord_converted(synth_videos, loader_base, "h264")
+    with pytest.raises(ValueError) as info:
+        DaliTFRecordLoader(root, train=False, batch_size=BS, preset=ClipPreset(train=False, crop_size=32))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{root}: h264 clips need a GPU under DALI (DALI decodes H.264 with "
+                                              f"NVDEC on a GPU only; its CPU backend has no H.264 decoder)")
+    assert "there is none for it here; without one, DALI reads raw, jpeg and vp9 conversions" in msg
+    assert msg.endswith("--loader threads reads this one on the CPU") and "device_id" not in msg
 
 
 def test_a_gpu_device_without_a_gpu_is_a_one_line_error(tf_roots):
@@ -412,14 +463,14 @@ def test_device_check_smoke_runs_the_native_route_and_defines_the_gpu_graphs(tf_
     check passes, speeds are printed, lz4 is skipped on the CPU, and every codec's GPU graphs are defined."""
     _main = load_script("dali_check").main
 
-    assert _main(["--smoke", "--route", "native", tf_roots["raw"], tf_roots["jpeg"], tf_lz4]) == 0
+    assert _main(["--smoke", "--route", "native", tf_roots["raw"], tf_roots["jpeg"], tf_lz4, tf_roots["vp9"]]) == 0
     out = capsys.readouterr().out
-    for codec in ("raw", "jpeg"):
+    for codec in ("raw", "jpeg", "vp9"):
         for bs in (4, 8):
             line = next(ln for ln in out.splitlines() if ln.startswith(f"  native {codec:<5} batch {bs:4d}:"))
             assert line.endswith("(max diff 0, resume ok)") and float(line.split()[4]) > 0
     assert "  native lz4   skipped: DALI decodes it on the GPU only" in out
-    for codec in ("raw", "jpeg", "lz4"):
+    for codec in ("raw", "jpeg", "lz4", "vp9"):
         assert (f"  gpu graphs {codec:<5} defined: train, train+normalize, eval, eval+normalize, multiscale, "
                 f"multiscale+normalize") in out
     assert out.rstrip().endswith("DALI check passed")

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import train.data
+from loaders.dali import missing as dali_missing
 from train import checkpoint as ckpt_io
 from train.main import main, run_argv
 from train.models import flops_per_clip
@@ -205,6 +206,13 @@ def test_device_check_smoke(tiny_data, tmp_path, capsys):
     assert rows[("all", "fp16")]["error"] == "fp16 needs CUDA: skipped"
     dali = rows.get(("dali", "bf16"))
     assert dali is not None and ("error" not in dali or "skipped" in dali["error"])
+    if dali_missing() is None:  # the NVDEC rows on DALI's CPU backend: vp9 exact, h264 skipped (GPU only)
+        nvdec = {r["codec"]: r for r in result["nvdec"]}
+        assert nvdec["h264"]["error"] == "skipped: DALI decodes it on the GPU only"
+        vp9 = nvdec["vp9"]
+        assert "error" not in vp9 and vp9["max_abs"] == 0 and vp9["clips"] > 0
+        assert vp9["clips_s_1"] > 0 and vp9["clips_s_4"] > 0
+        assert f"| vp9 | {vp9['clips']} | 0 | 0.0 | {vp9['clips_s_1']} | {vp9['clips_s_4']} |  |" in stdout
 
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):

@@ -4,10 +4,13 @@ No Python touches a sample: ``fn.readers.tfrecord`` reads the records of
 every shard (through their index files; the feature spec derived from the
 writer's schema) and shards them over ranks, the payload's DALI graph
 decodes them (``loaders.dali.graphs``: nvJPEG for jpeg, the GPU inflate over
-per-frame LZ4 blocks for lz4, a reshape for raw), and
+per-frame LZ4 blocks for lz4, the video decoder for h264 and vp9, which
+decodes a clip's every frame cropped back to the stored size, a reshape for
+raw), and
 one ``fn.crop_mirror_normalize`` cuts the crop (and the temporal window),
 flips and normalises on the device. With ``device_id=None`` the same graph
-runs on DALI's CPU backend (raw and jpeg; DALI has no CPU inflate).
+runs on DALI's CPU backend (raw, jpeg and vp9; DALI has no CPU inflate and no
+CPU H.264 decoder, and an h264 conversion is refused without a GPU).
 
 How an epoch is read:
 
@@ -48,8 +51,10 @@ out so far; ``load_state_dict`` rebuilds the epoch's pipeline from it. With
 the same world size, batch size and preset, the resumed run reads exactly
 what the uninterrupted run would have read: the same clips in the same
 order with the same crops and flips (bit-identical on the CPU; tested).
-Without a usable checkpoint (another preset or DALI version) a position is
-reached by reading and dropping that many batches of the epoch's pipeline.
+Without a usable checkpoint (another preset or DALI version, or a graph DALI
+cannot checkpoint: the video decoder's, whose state then saves an empty one) a
+position is reached by reading and dropping that many batches of the epoch's
+pipeline, which is as exact, at the cost of the reading.
 
 Elastic resume (another world size or batch size): DALI's reader deals an
 epoch by both, so its checkpoint cannot carry over. The state records which
@@ -99,7 +104,7 @@ from .base import (
     to_torch,
     types,
 )
-from .graphs import cpu_codecs, graph_for
+from .graphs import cpu_codecs, graph_for, refuse_without_gpu
 from .sharding import padded_steps, shard_sizes
 
 _GOLDEN = 0.6180339887498949
@@ -196,9 +201,10 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
     if build:
         check_gpu(device_id)
     train = preset.train
+    graph = graph_for(codec)
     pipe = Pipeline(batch_size=batch_size, num_threads=threads, device_id=device_id,
-                    seed=_seed(seed, epoch, 1), prefetch_queue_depth=prefetch, enable_checkpointing=True,
-                    checkpoint=checkpoint, **pipeline_options())
+                    seed=_seed(seed, epoch, 1), prefetch_queue_depth=prefetch, enable_checkpointing=graph.checkpoints,
+                    checkpoint=checkpoint if graph.checkpoints else None, **pipeline_options())
     where = "cpu" if device_id is None else "gpu"
     frames_all = stored_frames
     frames = preset.clip_len or frames_all
@@ -234,7 +240,6 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         offsets = fn.cast(rec["part_offsets"], dtype=types.INT32)  # DALI's int arguments take int32 only
         sizes = fn.cast(rec["part_sizes"], dtype=types.INT32)
         decoded_frames = frames_all
-        graph = graph_for(codec)
         if codec.payload.layout == "frames" and frames < frames_all:
             if train:
                 start = fn.cast(t0, dtype=types.INT32)
@@ -313,6 +318,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         if manifest.data.backend != "tfrecord":
             raise ValueError(f"{root}: holds {manifest.data.backend} shards; DALI's native reader reads "
                              f"TFRecord conversions only (use loaders.dali.DaliClipLoader)")
+        refuse_without_gpu(root, self.store.codec, device_id)
         if device_id is None and not graph_for(self.store.codec).cpu:
             raise ValueError(f"{root}: DALI decodes {self.codec} clips on a GPU only, and there is none for it here "
                              f"(without one, DALI's TFRecord reader takes {' and '.join(cpu_codecs())} "
@@ -403,7 +409,8 @@ class DaliTFRecordLoader(DaliLoaderBase):
             return state
         read = self._read
         if self._slot.pipe is not None and self._at == (self.epoch, position):
-            ckpt = self._slot.pipe.checkpoint()
+            # A graph DALI cannot checkpoint saves an empty one: the resume then reads up to the position.
+            ckpt = self._slot.pipe.checkpoint() if graph_for(self.store.codec).checkpoints else b""
         elif self._resume is not None and self._resume[:2] == (self.epoch, position):
             ckpt, read = self._resume[2], self._resume[3]
         elif self._elastic is not None and self._at == (self.epoch, position):
@@ -537,7 +544,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         self.close()
         ckpt = None
         if self._resume is not None and self._resume[:2] == (epoch, position):
-            ckpt = self._resume[2]
+            ckpt = self._resume[2] or None  # empty: saved from a graph without checkpoints, read up to it below
         build = functools.partial(self._pipeline, epoch)
         try:
             self._slot.pipe = pipe = build(checkpoint=ckpt)

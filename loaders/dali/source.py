@@ -11,17 +11,22 @@ order (``DistributedClipSampler``'s).
 The payload's own DALI graph decodes (``loaders.dali.graphs``, chosen from
 what the codec declares its payload is): LZ4 is inflated on the GPU, frame by
 frame; JPEG by the image decoder (nvJPEG on the GPU, libjpeg-turbo in CPU
-mode); raw payloads are copied up as they are. The square crop
+mode); h264 and vp9 by the video decoder (NVDEC on the GPU, FFmpeg's VP9
+decoder in CPU mode), the whole clip cropped back to the stored size and the
+window's frames sliced after; raw payloads are copied up as they are. The square crop
 (``fn.slice``), flip (``fn.flip``) and multi-scale resize (``fn.resize``)
 follow on the same device. With ``device_id=None`` the graph runs on DALI's
 CPU backend; where a payload has no CPU decoder in DALI (inflate), it is
-decoded in the source.
+decoded in the source, except h264 (no CPU H.264 decoder in DALI), which the
+loader refuses without a GPU (``Graph.gpu_only``).
 
 Exactness: in CPU mode every path is bit-identical to the ``ClipDataset``
 path except the multi-scale resize, which DALI computes with its own
 arithmetic and rounding (within a grey level or two of
-``presets.resize_bilinear``). On the GPU, nvJPEG's pixels differ from
-libjpeg-turbo's by a grey level or two.
+``presets.resize_bilinear``); vp9 included, whose RGB conversion is the one
+FORMAT.md fixes. On the GPU, nvJPEG's pixels differ from libjpeg-turbo's by a
+grey level or two, and NVDEC's colour conversion from libswscale's
+(``scripts/device_check.py`` measures by how much).
 
 The pipeline reads one endless sample stream (no DALI epochs): the epoch it
 was built for, from the position it was built for, then whole epochs after
@@ -49,7 +54,7 @@ from convert.store.cache import CacheSettings
 from ..prefetch import PrefetchPlan
 from ..presets import ClipPreset
 from .base import DaliLoaderBase, Pipeline, check_gpu, check_int, fn, pipeline_options, run_pipeline, to_torch, types
-from .graphs import Graph, graph_for
+from .graphs import Graph, graph_for, refuse_without_gpu
 from .stream import _ClipSource, _Order, _Stream
 
 START_METHODS = ("fork", "spawn")
@@ -78,9 +83,9 @@ def _build_pipeline(source: SampleSource, *, graph: Graph, frames: int, batch_si
         dtypes = [types.UINT8, types.INT32, types.INT32, types.INT32, types.INT64, types.INT64]
         ndims = [1 if source.in_dali else 4, 1, 1, 0, 0, 0]
         if source.in_dali:
-            with_shape = [types.INT32] if graph.needs_shape else []
+            extra_outputs = int(graph.needs_shape) + 2 * int(graph.needs_parts)
             # int32: DALI's int arguments (inflate's shape and chunk offsets/sizes) refuse int64.
-            dtypes, ndims = dtypes + with_shape + [types.INT32, types.INT32], ndims + [1] * (len(with_shape) + 2)
+            dtypes, ndims = dtypes + [types.INT32] * extra_outputs, ndims + [1] * extra_outputs
         data, anchor, size, flip, label, index, *parts = fn.external_source(
             source=source, num_outputs=len(dtypes), batch=False, parallel=parallel, dtype=dtypes, ndim=ndims,
             layout=["" if source.in_dali else "FHWC"], **extra)
@@ -90,8 +95,8 @@ def _build_pipeline(source: SampleSource, *, graph: Graph, frames: int, batch_si
             if not source.in_dali:
                 clips = clips.gpu()
         if source.in_dali:
-            *shape, offsets, sizes = parts
-            shape = shape[0] if shape else None
+            shape = parts.pop(0) if graph.needs_shape else None
+            offsets, sizes = parts if graph.needs_parts else (None, None)
             where = "gpu" if device_id is not None else "cpu"
             # The image decoder reads from the CPU ("mixed" puts its output on the GPU); inflate reads GPU memory.
             if where == "gpu" and not graph.host_input:
@@ -163,6 +168,7 @@ class DaliClipLoader(DaliLoaderBase):
             raise ValueError(f"start_method must be None or one of {', '.join(START_METHODS)}, got {start_method!r}")
         self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
                     device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache)
+        refuse_without_gpu(root, self.store.codec, device_id)
         self.workers, self.start_method = workers, start_method
         self.verify = verify
         self.drop_last = train if drop_last is None else drop_last
@@ -261,7 +267,7 @@ class DaliClipLoader(DaliLoaderBase):
         graph = graph_for(self.store.codec)
         in_dali = graph.in_dali and (self.device_id is not None or graph.cpu)
         source = _ClipSource(self.store, self.preset, self._stream, in_dali=in_dali, verify=self.verify,
-                             needs_shape=graph.needs_shape)
+                             needs_shape=graph.needs_shape, needs_parts=graph.needs_parts)
         hint = int(np.prod(self._stored_shape)) + 4096 if self._stored_shape else 0
         self._slot.pipe = _build_pipeline(
             source, graph=graph, frames=self.clip_shape[0], batch_size=self.batch_size, device_id=self.device_id,

@@ -124,7 +124,7 @@ class _ClipSource:
     Returns (data, anchor (skip, y0, x0), size (t, h, w), flip, label, index)
     and, when ``in_dali``, the stored shape (T, H, W, C) and the byte offsets
     and sizes of the parts DALI decodes (the shape only where the payload's
-    graph ``needs_shape``). ``data`` is then the 1-D payload, decoded by its
+    graph ``needs_shape``, the parts where it ``needs_parts``). ``data`` is then the 1-D payload, decoded by its
     DALI graph (LZ4 inflate, or the image decoder for JPEG: nvJPEG on the
     GPU), with only the temporal window's frames handed over; otherwise the
     decoded window (T, H, W, C) itself.
@@ -132,13 +132,14 @@ class _ClipSource:
     """
 
     def __init__(self, store: ClipStore, preset: ClipPreset, stream: _Stream, *, in_dali: bool, verify: bool,
-                 needs_shape: bool = True) -> None:
+                 needs_shape: bool = True, needs_parts: bool = True) -> None:
         self.store = store
         self.preset = preset
         self.stream = stream
         self.in_dali = in_dali
         self.verify = verify
         self.needs_shape = needs_shape
+        self.needs_parts = needs_parts
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
@@ -162,4 +163,5 @@ class _ClipSource:
         if not self.in_dali:
             return out
         shape = (np.asarray(header.shape, dtype=np.int32),) if self.needs_shape else ()
-        return out + shape + (offsets.astype(np.int32), sizes.astype(np.int32))
+        parts = (offsets.astype(np.int32), sizes.astype(np.int32)) if self.needs_parts else ()
+        return out + shape + parts
