@@ -94,8 +94,8 @@ class Av1Codec(VideoCodec):
     name = "av1"
     encoder, decoder = "libsvtav1", "libdav1d"
     quality_range, default_quality = (0, 63), 30
-    preset = "10"  # SVT-AV1's speed preset (0 slowest .. 13 fastest)
-    encoder_options: ClassVar[dict[str, str]] = {"preset": preset, "g": "9999",
+    # preset 10 of SVT-AV1's 0 (slowest) .. 13 (fastest); pred-struct 1: low delay, no reordering.
+    encoder_options: ClassVar[dict[str, str]] = {"preset": "10", "g": "9999",
                                                  "svtav1-params": "lp=1:pred-struct=1:scd=0"}
 
     def encode(self, clip: np.ndarray) -> bytes:
@@ -126,6 +126,7 @@ class Row:
 
 
 def row_label(codec: Codec) -> str:
+    """A table's name for ``codec`` at its quality: "raw", "jpeg q90", "h264 CRF 14 (default)"."""
     if codec.quality is None:
         return codec.name
     scale = "q" if codec.name == "jpeg" else "CRF "
@@ -216,6 +217,7 @@ def decode_rates(rows: list[Row], shape: tuple[int, ...], threads: int, rounds: 
 
 
 def ways(threads: int) -> Ways:
+    """The decoding ways, in the decoding table's column order."""
     return [(False, 1), (False, threads), (True, 1), (True, threads)]
 
 
