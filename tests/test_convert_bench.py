@@ -65,3 +65,23 @@ def test_the_forkserver_benchmark_pairs_both_ways_on_the_same_conversion(tmp_pat
     for what in ("wall", "CPU"):
         assert re.search(rf"^{what}: fork server / plain [\d.]+; saving [-+][\d.]+ s a job", out, re.M), out
     assert not os.path.exists(tmp_path / "w" / "out")
+
+
+def test_the_codecs_benchmark_prints_every_codec_in_every_table(videos, tmp_path, capsys):
+    import benchmarks.codecs as codecs_bench
+
+    # One clip of each of two videos; one round: the tables' rows and their order, not their figures.
+    assert codecs_bench.main(["--shared", videos.root, "--videos", "mmaction2__part_0.mp4,mmcv__test.mp4",
+                              "--max-clips", "1", "--rounds", "1", "--tmp", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 clips of 16x128x171" in out
+    labels = [codecs_bench.row_label(codecs_bench.get_codec(n, q)) for n, q in codecs_bench.PROJECT_ROWS]
+    labels += [codecs_bench.row_label(cls(q)) for cls, q in codecs_bench.OTHER_ROWS]
+    assert "h264 CRF 14 (default)" in labels and "jpeg q90" in labels
+    for label in labels:  # each row in the three tables (bytes and PSNR, decoding, the projection)
+        lines = [line for line in out.splitlines() if line.startswith(f"| {label} ")]
+        assert len(lines) == 3, (label, lines)
+    raw = next(line for line in out.splitlines() if line.startswith("| raw "))
+    assert "lossless" in raw
+    h264 = next(line for line in out.splitlines() if line.startswith("| h264 CRF 14 (default) "))
+    assert 30 < float(h264.split("|")[5]) < 60  # a PSNR in dB, against the raw clip
