@@ -16,7 +16,9 @@ import pytest
 
 from convert import cli, tools
 from convert.format import BACKENDS
+from convert.format.lmdb.options import DEFAULT_MAP_SIZE, LmdbOptions
 from convert.format.options import Setting, settings
+from convert.format.units import in_units
 from convert.options import ConvertOptions, DemoOptions, InspectOptions
 from convert.store.cache import CacheSettings
 from train import args as train_args
@@ -160,3 +162,13 @@ def test_byte_counts_are_read_by_one_parser_everywhere():
                                                                    r"'2 gallons'"):
                 parse("2 gallons")
     assert found >= 6  # --max-memory, --map-size, --part-size, the trainer's, eval's, verify's --cache-limit...
+
+
+def test_the_lmdb_map_size_default_is_written_once():
+    """``--map-size``'s help said "without it 64M" by hand while the writer opened with its own constant: the
+    declared default is the constant, shown from the declaration, and what an LmdbOptions() opens with."""
+    s = settings(LmdbOptions)["map_size"]
+    assert LmdbOptions().map_size == s.option.default == DEFAULT_MAP_SIZE
+    shown = in_units(DEFAULT_MAP_SIZE)
+    action = next(a for a in _options("python -m convert") if "--map-size" in a.option_strings)
+    assert str(action.help).endswith(f"(default {shown})") and str(action.help).count(shown) == 1
