@@ -1,4 +1,5 @@
-"""The commands' stop signals (SIGINT, SIGTERM): taken one way everywhere, and one line while a command starts.
+"""The commands' stop signals (SIGINT, SIGTERM), defined once: taken one way everywhere, one line while a command
+starts, and held off while a child process starts.
 
 ``python -m convert`` and ``python -m train`` spend their first second or
 more importing (numpy, PyAV, torch) before their own handling of the
@@ -9,15 +10,27 @@ it before any heavy import, so this module imports the standard library
 only (and ``import convert``, which runs first, imports nothing). Nothing
 has been written yet in that time, so the stop only has to say its line and
 end the process.
+
+A child shares its parent's process group, so Ctrl-C reaches it too, and a
+Python child would print a KeyboardInterrupt traceback if the signal came
+during its start-up, before it ignores the signal (its parent stops its
+children itself): ``stop_signals_blocked`` holds them off until the child
+unblocks them (``unblock_stop_signals``) once its own handling is set. Used
+by the conversion job's children (its fork server, a child started the
+ordinary way) and the shard verifier's checkers, so this module is of the
+shard-access layer (``convert.store``) for the layering test, though it
+stays at the top level beside the commands that take the signals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+# The signals that stop a command from outside: Ctrl-C and a polite kill (a scheduler, docker stop).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -51,3 +64,26 @@ def stop_while_starting(line: str) -> dict[int, Any]:
         os._exit(128 + signum)
 
     return take_stop_signals(stopped)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Start a child within this: it starts with SIGINT and SIGTERM blocked, until it unblocks them.
+
+    A child of the job shares its process group, so Ctrl-C reaches it too,
+    and a Python child would otherwise print a KeyboardInterrupt traceback
+    if the signal came during its start-up, before its own handling is in
+    place. The mask is the calling thread's only (the job's other threads
+    still take the signal) and is inherited through fork and exec; the
+    child unblocks (``unblock_stop_signals``) once it ignores them.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def unblock_stop_signals() -> None:
+    """In a child started by ``stop_signals_blocked``, once its handling of them is set: take them again."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

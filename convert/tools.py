@@ -14,12 +14,12 @@ from collections.abc import Iterator
 import numpy as np
 
 from .format import FormatError, Manifest, read_manifest
-from .format.options import OneLineParser, add_options, settings
+from .format.options import OneLineParser, add_options
 from .job.summary import describe_shape, print_summary
 from .options import DemoOptions, InspectOptions
 from .signals import STOP_SIGNALS, put_back, take_stop_signals
 from .store import manifest_at, open_clips
-from .store.cache import CacheSettings
+from .store.cache import CacheSettings, add_cache_options
 from .store.cache.verify import verify_url
 from .store.remote import is_url
 from .store.store import ClipStore
@@ -225,14 +225,6 @@ def _usable_out(cmd: str, out: str) -> Manifest | None:
         return None
 
 
-def _cache_options(p: OneLineParser) -> None:
-    """``--cache-dir`` and ``--cache-limit``, as every command reading a URL takes them: declared on
-    ``CacheSettings``, read back with ``_cache_settings``."""
-    declared = settings(CacheSettings)
-    declared["cache_dir"].add_to(p, dest="cache_dir")
-    declared["limit"].add_to(p, dest="cache_limit")
-
-
 def _cache_settings(args: argparse.Namespace) -> CacheSettings:
     """The shard cache the parsed ``--cache-dir`` and ``--cache-limit`` say."""
     return CacheSettings(cache_dir=args.cache_dir, limit=args.cache_limit)
@@ -258,12 +250,12 @@ def build_parser(cmd: str) -> OneLineParser:
                          "OUT may be a URL (s3://..., gs://..., http(s)://...): its shards are downloaded into a "
                          "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
-        _cache_options(p)
+        add_cache_options(p)
     elif cmd == "inspect":
         p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
         p.add_argument("out", metavar="OUT")
         add_options(p, InspectOptions)
-        _cache_options(p)
+        add_cache_options(p)
     elif cmd == "demo":
         p.description = "Synthesise a small labelled dataset (no downloads), convert and verify it."
         add_options(p, DemoOptions)

@@ -110,8 +110,9 @@ def test_the_import_graph_counts_lazy_and_type_only_imports(tmp_path):
 # below it, never one above, so each layer can be read (and run) without those above it.
 CONVERT_LAYERS = ("convert.format", "convert.store", "convert.worker", "convert.job", "convert")
 # A module kept at the top level that belongs to a lower layer: the job's options, beside the command line
-# that declares flags from them.
-LAYER_OF = {"convert.options": "convert.job"}
+# that declares flags from them; the stop signals (standard library only, so a command takes them before any
+# heavy import), which the shard verifier's and the job's children block while they start.
+LAYER_OF = {"convert.options": "convert.job", "convert.signals": "convert.store"}
 MAX_CONVERT_TOP_LEVEL = 12
 
 
@@ -135,6 +136,18 @@ def test_the_layer_table_names_real_packages_and_convert_keeps_a_short_top_level
     assert [name for name in LAYER_OF if name not in modules] == []
     top = sorted(name for name in os.listdir(os.path.join(ROOT, "convert")) if name.endswith(".py"))
     assert len(top) <= MAX_CONVERT_TOP_LEVEL, top
+
+
+def test_the_stop_signal_pair_is_written_once():
+    """SIGINT and SIGTERM together are ``convert.signals.STOP_SIGNALS``, and a set of stop signals elsewhere (the
+    job's, the verifier's, the trainer's) is spelled from it: the pair was written out in six places."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                if {"SIGINT", "SIGTERM"} <= {ast.unparse(e).rpartition(".")[2] for e in node.elts}:
+                    found.append(name)
+    assert found == ["convert.signals"]
 
 
 def test_child_processes_run_this_checkout_from_any_folder(tmp_path):

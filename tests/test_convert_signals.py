@@ -198,6 +198,16 @@ def test_a_stop_signal_as_a_command_imports_numpy_torch_or_pyav_is_one_line(star
     assert (proc.returncode, stderr, stdout) == (128 + sig, line, "")
 
 
+def test_the_stop_signals_module_imports_the_standard_library_only():
+    """``convert.signals`` holds the one stop-signal pair and is imported before a command's heavy imports, so it
+    imports no module of the project (whose ``convert.format`` imports numpy) and nothing outside the standard
+    library."""
+    probe = ("import sys\nbefore = set(sys.modules)\nimport convert.signals\n"
+             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] not in sys.stdlib_module_names))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['convert', 'convert.signals']"
+
+
 def _catches(pid: int, sig: int) -> bool | None:
     """Whether the process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc/PID/status); None when it has
     ended."""

@@ -9,6 +9,7 @@ there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -16,7 +17,9 @@ import pytest
 
 from convert import cli, tools
 from convert.format import BACKENDS
-from convert.format.options import Setting, settings
+from convert.format.lmdb.options import DEFAULT_MAP_SIZE, LmdbOptions
+from convert.format.options import RESUME_FREE, Setting, option_from, settings
+from convert.format.units import MAX_BYTES, in_units
 from convert.options import ConvertOptions, DemoOptions, InspectOptions
 from convert.store.cache import CacheSettings
 from train import args as train_args
@@ -160,3 +163,48 @@ def test_byte_counts_are_read_by_one_parser_everywhere():
                                                                    r"'2 gallons'"):
                 parse("2 gallons")
     assert found >= 6  # --max-memory, --map-size, --part-size, the trainer's, eval's, verify's --cache-limit...
+
+
+def test_the_lmdb_map_size_default_is_written_once():
+    """``--map-size``'s help said "without it 64M" by hand while the writer opened with its own constant: the
+    declared default is the constant, shown from the declaration, and what an LmdbOptions() opens with."""
+    s = settings(LmdbOptions)["map_size"]
+    assert LmdbOptions().map_size == s.option.default == DEFAULT_MAP_SIZE
+    shown = in_units(DEFAULT_MAP_SIZE)
+    action = next(a for a in _options("python -m convert") if "--map-size" in a.option_strings)
+    assert str(action.help).endswith(f"(default {shown})") and str(action.help).count(shown) == 1
+
+
+def test_an_option_two_settings_classes_hold_is_one_declaration():
+    """``--cache-dir`` and ``--cache-limit`` were declared on the trainer's TrainConfig and on CacheSettings,
+    the trainer's copy without the upper bound: the trainer reuses CacheSettings' declarations, so every
+    command offering them takes and refuses the same values, with its own group, help words and resume rule
+    layered over."""
+    cache = settings(CacheSettings)
+    roots: dict[str, set[int]] = {}
+    for command in COMMANDS:
+        for action in _options(command):
+            s = _declared(action)
+            if s is not None and s.flag in ("--cache-dir", "--cache-limit"):
+                roots.setdefault(s.flag, set()).add(id(s.option.base or s.option))
+    assert roots == {"--cache-dir": {id(cache["cache_dir"].option)}, "--cache-limit": {id(cache["limit"].option)}}
+    for cls in DECLARED:
+        for s in settings(cls).values():
+            base = s.option.base
+            if base is None:
+                continue
+            assert base.base is None and base.group is not None
+            # Everything but where it is shown, what the command adds to its help, and the resume rule is the
+            # declaration's.
+            kept = dataclasses.replace(s.option, group=base.group, help=base.help, added_later=base.added_later,
+                                       on_resume=base.on_resume, base=None)
+            assert kept == base and str(s.option.help).startswith(str(base.help)), f"{cls.__name__}.{s.name}"
+    trainer = settings(TrainConfig)
+    assert (trainer["cache_limit"].option.le, trainer["cache_limit"].option.ge) == (MAX_BYTES, 1)
+    assert {name: (trainer[name].option.on_resume, trainer[name].option.added_later)
+            for name in ("cache_dir", "cache_limit")} == {"cache_dir": (RESUME_FREE, None),
+                                                          "cache_limit": (RESUME_FREE, None)}
+    with pytest.raises(TypeError, match="declares no option 'nope'"):
+        option_from(CacheSettings, "nope", group="data")
+    with pytest.raises(TypeError, match="reuses a declaration itself"):
+        option_from(TrainConfig, "cache_limit", group="data")

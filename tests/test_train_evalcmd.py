@@ -95,7 +95,7 @@ def test_eval_of_a_run_folder_takes_its_newest_intact_checkpoint_and_says_which(
 
 
 def test_eval_of_a_url_uses_the_cache_dir_given(tiny_data, tmp_path, capsys, monkeypatch):
-    """--cache-dir and --cache-limit, declared once on TrainConfig, read a URL --data through that cache, not the
+    """--cache-dir and --cache-limit, declared once on CacheSettings, read a URL --data through that cache, not the
     default one (a file:// URL: no network)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "default_cache"))
     out = tmp_path / "run"

@@ -33,8 +33,17 @@ from typing import Any
 
 import torch
 
-from convert.format.options import RESUME_DATA, RESUME_FREE, RESUME_SHAPE, added_later, check_settings, derived, option
-from convert.store.cache import DEFAULT_FRACTION, CacheSettings
+from convert.format.options import (
+    RESUME_DATA,
+    RESUME_FREE,
+    RESUME_SHAPE,
+    added_later,
+    check_settings,
+    derived,
+    option,
+    option_from,
+)
+from convert.store.cache import CacheSettings
 from loaders.dali.sharding import epoch_steps
 from loaders.sampler import ORDERS
 
@@ -49,7 +58,6 @@ EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("nccl", "gloo")
 
-CACHE_SHARE = round(DEFAULT_FRACTION * 100)  # per cent of its disk's free space a shard cache holds by default
 # The argument groups of python -m train --help.
 DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
 # How --resume compares a setting with the checkpoint's (convert.format.options.RESUME_RULES), by short names: SHAPE
@@ -84,17 +92,15 @@ class TrainConfig:
                        required=True)
     val_data: str | None = option(DATA, "validation conversion, folder or URL (default: no evaluation)", metavar="OUT")
     # A URL's conversion is the same data in another place: where it is cached never changes a batch.
-    cache_dir: str | None = option(
-        DATA, "with --data or --val-data a URL: the local shard cache, shared by the ranks of a node (default "
-              "$XDG_CACHE_HOME/videoclips, i.e. ~/.cache/videoclips)", metavar="DIR", added_later=None,
-        on_resume=FREE)
-    cache_limit: int | None = option(
-        DATA, f"bytes the shard cache may hold (without it: {CACHE_SHARE}%% of its disk's free space); refused "
-              f"when smaller than the largest shard times 1 + the prefetch ({CacheSettings.prefetch} shards; with "
-              "--order shards, --order-shards if "
-              "more); --order shards downloads each shard once per epoch from 2 x --order-shards shards; "
-              "bytes, or with a unit: 200G, 512M", ge=1, byte_count=True, metavar="BYTES", added_later=None,
-        on_resume=FREE)
+    # Declared once, on the shard cache's settings (every command reading a URL takes them); the trainer adds
+    # where its own prefetch sets the floor.
+    cache_dir: str | None = option_from(CacheSettings, "cache_dir", group=DATA, more="shared by the ranks of a node",
+                                        added_later=None, on_resume=FREE)
+    cache_limit: int | None = option_from(
+        CacheSettings, "limit", group=DATA,
+        more=f"refused when smaller than the largest shard times 1 + the prefetch ({CacheSettings.prefetch} shards; "
+             "with --order shards, --order-shards if more); --order shards downloads each shard once per epoch "
+             "from 2 x --order-shards shards", added_later=None, on_resume=FREE)
     loader: str = option(
         DATA, "reader: threads (reader threads in each training process, pinned batch ring), "
               "processes (DataLoader worker processes) or dali (GPU pipeline; "

@@ -34,11 +34,12 @@ import torch
 from torch import nn
 
 from convert.format.options import OneLineParser, add_options, option, settings
+from convert.store.cache import add_cache_options
 
 from . import checkpoint as ckpt_io
 from . import dist
 from .args import default_workers
-from .config import CACHE_SHARE, TrainConfig
+from .config import TrainConfig
 from .data import build_eval_data, cache_settings, dataset_info
 from .engine import evaluate
 from .errors import TrainError
@@ -76,10 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     declared["workers"].add_to(p, help="reader threads or worker processes (default: as the trainer's, from this "
                                        "machine's cores)")
     declared["verify_data"].add_to(p, help="check every clip's CRC-32 as it is read")
-    declared["cache_dir"].add_to(p, help="with --data a URL: the local shard cache (default $XDG_CACHE_HOME/"
-                                         "videoclips, i.e. ~/.cache/videoclips)")
-    declared["cache_limit"].add_to(p, help=f"bytes the shard cache may hold (without it: {CACHE_SHARE}%% of its "
-                                           "disk's free space); bytes, or with a unit: 200G, 512M")
+    add_cache_options(p)  # as every command reading a URL takes them, the trainer too
     declared["device"].add_to(p, help="auto, cpu or cuda")
     declared["amp"].add_to(p, help="default bf16 on CUDA, off on the CPU")
     declared["threads"].add_to(p, help="CPU math threads (default: PyTorch's choice)")

@@ -45,9 +45,7 @@ from .plots import confusion_png, save_figures
 from .profiling import StepProfiler
 from .readerrors import reading
 from .schedule import build_optimizer, build_scheduler
-from .workers import end_workers_at_exit
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+from .workers import STOP_SIGNALS, end_workers_at_exit
 
 
 def _say(info: dist.DistInfo, text: str) -> None:

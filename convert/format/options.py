@@ -20,7 +20,11 @@ allows it), raising the caller's error type. For the trainer's checkpoints,
 ``added_later`` gives the value that checkpoints written before a setting
 existed load with, and ``on_resume`` what a resumed run may do with a setting
 the checkpoint has another value of (``RESUME_RULES``). Settings that are on no
-command line (``derived``) are checked the same way.
+command line (``derived``) are checked the same way. An option that two
+settings classes hold (the shard cache's ``--cache-limit``, a setting of the
+trainer's run too) is declared on one, and the other's field reuses that
+declaration (``option_from``) with its own group, extra help words and
+resume rule.
 
 Every command parses with ``OneLineParser``: a usage error is one line, and
 the caller picks whether it raises or exits. Nothing here imports above the
@@ -130,6 +134,7 @@ class Option:
     parse: Callable[[str], Any] | None = None
     added_later: Any = UNSET
     on_resume: str = RESUME_SAY
+    base: Option | None = None  # the declaration this one reuses (option_from), or None: declared here
 
     def __post_init__(self) -> None:
         if (self.ge is not None and self.gt is not None) or (self.le is not None and self.lt is not None):
@@ -174,6 +179,30 @@ def option(group: str, help: str, *, default: Any = None, choices: Sequence[Any]
                       parse=parse, added_later=added_later, on_resume=on_resume)
     if field_default:
         return dataclasses.field(default=default, metadata={_KEY: declared})
+    return dataclasses.field(metadata={_KEY: declared})
+
+
+def option_from(cls: type, name: str, *, group: str, more: str = "", added_later: Any = UNSET,
+                on_resume: str = RESUME_SAY) -> Any:
+    """A dataclass field whose option is the one ``cls`` declares as its field ``name``, reused by another
+    settings class: its flag, metavar, default, kind of value and bounds are that declaration's, so every
+    command offering the option takes and refuses the same values, and the words are written once.
+
+    What belongs to the reusing class is given here: its argument ``group``,
+    ``more`` (words appended to the declaration's help, after "; ": what the
+    option does there besides), and for the trainer's checkpoints
+    ``added_later`` and ``on_resume`` (as for ``option``). The field is
+    required (the reusing class's builder gives it); ``settings`` of the
+    reusing class has it under this field's name, with the declaration it
+    reuses as ``option.base``.
+    """
+    base = settings(cls).get(name)
+    if base is None or base.option.group is None:
+        raise TypeError(f"{cls.__name__} declares no option {name!r} to reuse")
+    if base.option.base is not None:
+        raise TypeError(f"{cls.__name__}.{name} reuses a declaration itself; reuse that one")
+    declared = dataclasses.replace(base.option, group=group, help=f"{base.option.help}; {more}" if more else
+                                   base.option.help, added_later=added_later, on_resume=on_resume, base=base.option)
     return dataclasses.field(metadata={_KEY: declared})
 
 
@@ -417,4 +446,4 @@ def byte_count(lo: int, hi: int = MAX_BYTES) -> Callable[[str], int]:
 
 __all__ = ["RESUME_DATA", "RESUME_FREE", "RESUME_RULES", "RESUME_SAY", "RESUME_SHAPE", "UNSET", "OneLineParser",
            "Option", "OptionError", "Setting", "add_options", "added_later", "byte_count", "check_settings",
-           "derived", "flag", "on_resume", "option", "settings"]
+           "derived", "flag", "on_resume", "option", "option_from", "settings"]

@@ -1,22 +1,17 @@
-"""Process-level helpers every package shares: the CPUs this process may use, lazy package exports, objects named
-``module:attribute`` (the hooks and plug-ins an environment variable names), and the stop
-signals (SIGINT, SIGTERM) held off while a child process starts.
+"""Process-level helpers every package shares: the CPUs this process may use, lazy package exports, and objects
+named ``module:attribute`` (the hooks and plug-ins an environment variable names).
 
-A child shares its parent's process group, so Ctrl-C reaches it too, and a
-Python child would print a KeyboardInterrupt traceback if the signal came
-during its start-up, before it ignores the signal (its parent stops its
-children itself). Used by the conversion job's children (its fork server, a
-child started the ordinary way) and the shard verifier's checkers; each child
-unblocks the signals once its own handling is set.
+The stop signals held off while a child process starts are ``convert.signals``'s
+(``stop_signals_blocked``), beside the one definition of the pair: that module
+imports the standard library only, and importing anything of this package
+imports numpy (``convert/format/__init__.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 
@@ -54,29 +49,3 @@ def import_named(spec: str) -> Any:
     if not (module and colon and name):
         raise ValueError(f"{spec!r} is not of the form module:attribute")
     return getattr(importlib.import_module(module), name)
-
-
-_STOP = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def stop_signals_blocked() -> Iterator[None]:
-    """Start a child within this: it starts with SIGINT and SIGTERM blocked, until it unblocks them.
-
-    A child of the job shares its process group, so Ctrl-C reaches it too,
-    and a Python child would otherwise print a KeyboardInterrupt traceback
-    if the signal came during its start-up, before its own handling is in
-    place. The mask is the calling thread's only (the job's other threads
-    still take the signal) and is inherited through fork and exec; the
-    child unblocks (``unblock_stop_signals``) once it ignores them.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def unblock_stop_signals() -> None:
-    """In a child started by ``stop_signals_blocked``, once its handling of them is set: take them again."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)

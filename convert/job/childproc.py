@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, cast
 
-from ..format.system import stop_signals_blocked
+from ..signals import stop_signals_blocked
 from ..worker import forkserver
 
 

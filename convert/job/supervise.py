@@ -20,6 +20,7 @@ from typing import Any
 
 from ..format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
 from ..format.errors import storing
+from ..signals import STOP_SIGNALS
 from ..worker import forkserver
 from ..worker.shard_worker import DECODING
 from .childproc import LineProcess, Stopped, use_forkserver
@@ -234,7 +235,7 @@ def decoder_crash(rc: int | None, phase: int) -> bool:
     return rc is not None and rc < 0 and -rc not in _STOP_SIGNALS and phase == DECODING
 
 
-_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+_STOP_SIGNALS = frozenset((*STOP_SIGNALS, signal.SIGHUP))  # and a closed terminal's
 
 # --video-timeout is the decoder's budget: the seconds a shard process may spend on a video outside its decoder
 # (reading the command, storing the clips) are counted apart, against this much (or the timeout, when longer),

@@ -32,7 +32,8 @@ from convert.format.manifest import (
     content_fingerprint,
     read_manifest,
 )
-from convert.format.system import cpu_count, stop_signals_blocked, unblock_stop_signals
+from convert.format.system import cpu_count
+from convert.signals import STOP_SIGNALS, stop_signals_blocked, unblock_stop_signals
 
 
 def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = True) -> list[str]:
@@ -132,7 +133,7 @@ def file_problems(folder: str, entry: ShardEntry) -> list[str]:
 def _child(conn: multiprocessing.connection.Connection, fn: Callable[[], list[str]]) -> None:
     # A stop signal (Ctrl-C reaches the whole process group) is the parent's to handle: it stops the checkers
     # itself. The signals were blocked while this child started (``isolated``), so none came before this line.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     unblock_stop_signals()
     try:
@@ -143,7 +144,7 @@ def _child(conn: multiprocessing.connection.Connection, fn: Callable[[], list[st
 
 # A checker ended by these was killed from outside (the kernel's out-of-memory killer, a user): a problem of the
 # machine, never recorded as a property of the shard.
-_KILLED_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+_KILLED_FROM_OUTSIDE = (signal.SIGKILL, *STOP_SIGNALS)
 
 
 def isolated(tasks: list[tuple[str, Callable[[], list[str]]]], workers: int) -> list[str]:

@@ -41,7 +41,7 @@ import threading
 import traceback
 from typing import IO
 
-from ..format.system import stop_signals_blocked, unblock_stop_signals
+from ..signals import stop_signals_blocked, unblock_stop_signals
 
 log = logging.getLogger(__name__)
 

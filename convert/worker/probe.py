@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from ..format.system import unblock_stop_signals
+from ..signals import unblock_stop_signals
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig
 from .shard_worker import estimate_bytes, install_hook

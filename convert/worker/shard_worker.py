@@ -35,7 +35,8 @@ from ..format import (
 )
 from ..format.base import ClipProducer
 from ..format.errors import storing
-from ..format.system import import_named, unblock_stop_signals
+from ..format.system import import_named
+from ..signals import unblock_stop_signals
 from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
 from .plan import ConvertConfig, Plan, load_plan

@@ -46,7 +46,6 @@ from .options import LmdbOptions
 log = logging.getLogger(__name__)
 
 MIN_MAP_SIZE = 1 << 20
-DEFAULT_MAP_SIZE = 64 << 20
 HEADROOM = 1.5  # reserve 1.5x a video's estimated bytes before writing it
 SLACK = 64 << 20  # extra map (and reserved file) beyond the next video's need
 MAX_GROWTHS = 40
@@ -116,7 +115,7 @@ class LmdbWriter(ShardWriter):
         # SIGBUS instead of an error, so every page the map can reach is
         # reserved on disk first (``_reserve``).
         try:
-            self.env = lmdb.open(path, map_size=max(options.map_size or DEFAULT_MAP_SIZE, MIN_MAP_SIZE),
+            self.env = lmdb.open(path, map_size=max(options.map_size, MIN_MAP_SIZE),
                                  subdir=True, readahead=False, meminit=False, max_dbs=0, sync=False, metasync=False,
                                  writemap=True)
         except lmdb.Error as exc:
@@ -393,4 +392,4 @@ class _WriteTxn:
             raise StoreError(f"{self.writer.path}: {self.what}: LMDB failed: {err}") from err
 
 
-__all__ = ["DEFAULT_MAP_SIZE", "LmdbWriter"]
+__all__ = ["LmdbWriter"]

@@ -15,7 +15,7 @@ from .cache import ShardCache
 from .common import CacheDiskError, CacheFullError, Hold
 from .index import ShardSummary
 from .prefetch import Prefetcher
-from .settings import DEFAULT_FRACTION, CacheSettings, default_cache_dir
+from .settings import DEFAULT_FRACTION, CacheSettings, add_cache_options, default_cache_dir
 
 __all__ = ["DEFAULT_FRACTION", "CacheDiskError", "CacheFullError", "CacheSettings", "Hold", "Prefetcher",
-           "ShardCache", "ShardSummary", "default_cache_dir"]
+           "ShardCache", "ShardSummary", "add_cache_options", "default_cache_dir"]

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ...format.options import check_settings, derived, option
+from ...format.options import check_settings, derived, option, settings
 from ...format.units import MAX_BYTES
 from ..remote import ATTEMPTS, BACKOFF_S
 
@@ -27,6 +27,10 @@ class CacheSettings:
     """How a remote conversion is cached (``open_clips(url, cache=...)``, the commands' ``--cache-*``), each
     setting declared once (``convert.format.options``), so the commands add ``--cache-dir`` and
     ``--cache-limit`` from here.
+
+    ``--cache-dir`` and ``--cache-limit`` are the trainer's settings too:
+    ``train.config.TrainConfig`` reuses these two declarations
+    (``option_from``), so every command takes and refuses the same values.
 
     ``cache_dir``: where (default ``default_cache_dir()``); ``limit``: bytes
     the cache may hold (default DEFAULT_FRACTION of its disk's free space);
@@ -61,4 +65,13 @@ class CacheSettings:
             raise ValueError(f"storage_options must be a dict, got {type(self.storage_options).__name__}")
 
 
-__all__ = ["DEFAULT_FRACTION", "CacheSettings", "default_cache_dir"]
+def add_cache_options(container: Any) -> None:
+    """``--cache-dir`` and ``--cache-limit`` as a command that reads a conversion at a URL takes them, into an
+    argparse parser or group: declared here, parsed into ``cache_dir`` and ``cache_limit`` (the names of the
+    trainer's settings, so one reader of a parsed command line serves every command)."""
+    declared = settings(CacheSettings)
+    declared["cache_dir"].add_to(container)
+    declared["limit"].add_to(container, dest="cache_limit")
+
+
+__all__ = ["DEFAULT_FRACTION", "CacheSettings", "add_cache_options", "default_cache_dir"]
