@@ -66,6 +66,17 @@ class Payload:
         """The payload is the clip's pixels as they are: a reader takes a view of it, no decoding."""
         return self.layout == "array" and self.coding == "none"
 
+    @property
+    def checked_on_read(self) -> bool:
+        """Readers check the payload's CRC-32 before every read, asked to or not.
+
+        A payload read in place, because the check makes its crop faster
+        (docs/design.md); a bitstream, because it goes to FFmpeg's decoders,
+        which a damaged one can crash or hang: they get only the bytes
+        written.
+        """
+        return self.in_place or self.layout == "stream"
+
 
 LAYOUTS = ("array", "frames", "stream")
 CODINGS = ("none", "lz4-block", "jpeg", "h264", "vp9")

@@ -61,7 +61,15 @@ def coded_size(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 class _Swscale(threading.local):
-    """One libswscale context per thread and direction: creating one per frame costs more than the conversion."""
+    """One libswscale context per thread and direction: creating one per frame costs more than the conversion.
+
+    Each converts in its caller's thread (``threads=1``): PyAV's default starts
+    a pool of libswscale threads per context, which a process forked after a
+    conversion (a DataLoader worker, ``verify``'s checker) inherits without
+    its threads, so its next conversion waited for ever. One thread also
+    keeps readers, one per reader thread already, from oversubscribing the
+    cores; the pixels are the same.
+    """
 
     def __init__(self) -> None:
         from av.video.reformatter import ColorRange, Colorspace, Interpolation, VideoReformatter
@@ -97,7 +105,8 @@ def yuv_frames(clip: np.ndarray) -> list[av.VideoFrame]:
     frames = []
     for i, rgb in enumerate(np.ascontiguousarray(clip, dtype=np.uint8)):
         yuv = sws.to_yuv.reformat(av.VideoFrame.from_ndarray(rgb, format="rgb24"), format="yuv420p",
-                                  dst_colorspace=sws.bt601, dst_color_range=sws.full, interpolation=sws.encode_flags)
+                                  dst_colorspace=sws.bt601, dst_color_range=sws.full, interpolation=sws.encode_flags,
+                                  threads=1)
         yuv.pts = i
         yuv.colorspace, yuv.color_range = _COLORSPACE_BT601, _RANGE_FULL
         frames.append(yuv)
@@ -116,7 +125,7 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
         frame = av.VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
     sws = _sws()
     rgb = sws.to_rgb.reformat(frame, format="rgb24", src_colorspace=sws.bt601, src_color_range=sws.full,
-                              interpolation=sws.decode_flags).to_ndarray()
+                              interpolation=sws.decode_flags, threads=1).to_ndarray()
     h, w = out.shape[:2]
     out[...] = rgb[:h, :w]
 
