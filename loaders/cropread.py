@@ -20,15 +20,15 @@ def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, 
     """The preset's crop of one stored clip for (epoch, index), after the checks every reader makes.
 
     ``verify`` checks the payload's CRC-32 first (``ClipStore.visit`` has
-    checked the label and shape); a payload read in place or decoded by
-    FFmpeg is checked always (``Payload.checked_on_read``). A clip the preset
-    cannot crop raises ``FormatError`` without a location; the caller
+    checked the label and shape); a payload decoded by FFmpeg is checked
+    always (``Payload.crc_before_decoding``). A clip the preset cannot crop
+    raises ``FormatError`` without a location; the caller
     (``ClipStore.visit``) adds the shard and clip.
     """
     # A training reader decodes in its own process (a process per clip would cost more than the decode): what
     # keeps a hostile bitstream from FFmpeg here is this check, and ``python -m convert verify``, which decodes
     # every clip in child processes, is the gate for data not trusted (docs/design.md).
-    if verify or codec_for_id(header.codec_id).payload.checked_on_read:
+    if verify or codec_for_id(header.codec_id).payload.crc_before_decoding:
         check_crc(payload, header)
     try:
         return preset.params(epoch, index, header.shape)
@@ -49,9 +49,8 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
     # A payload read in place is cut straight from the shard's map, the flipped crop channel by channel,
     # backwards: from memory, that order is slow. Streaming the payload through its CRC-32 first (a fast,
     # vectorised pass) leaves it in the CPU's caches for the crop, which then runs faster by more than the
-    # check costs (docs/benchmarks.md): the check a user would have to ask for comes for less than free
-    # (``checked_params`` makes it).
-    params = checked_params(header, payload, preset, epoch, index, verify=verify)
+    # check costs (docs/benchmarks.md): the check a user would have to ask for comes for less than free.
+    params = checked_params(header, payload, preset, epoch, index, verify=verify or codec.payload.in_place)
     if params.t is None or out.shape[0] != params.t:
         raise FormatError(f"stored clip of {header.shape[0]} frames gives {params.t}, batch expects {out.shape[0]}")
     frames = codec.window(payload, header.shape, params.t0, params.t)

@@ -67,15 +67,10 @@ class Payload:
         return self.layout == "array" and self.coding == "none"
 
     @property
-    def checked_on_read(self) -> bool:
-        """Readers check the payload's CRC-32 before every read, asked to or not.
-
-        A payload read in place, because the check makes its crop faster
-        (docs/design.md); a bitstream, because it goes to FFmpeg's decoders,
-        which a damaged one can crash or hang: they get only the bytes
-        written.
-        """
-        return self.in_place or self.layout == "stream"
+    def crc_before_decoding(self) -> bool:
+        """Readers check the payload's CRC-32 before decoding it, asked to or not: a bitstream goes to FFmpeg's
+        decoders, which damaged input can crash or hang, so they get only the bytes the converter wrote."""
+        return self.layout == "stream"
 
 
 LAYOUTS = ("array", "frames", "stream")

@@ -237,13 +237,13 @@ class ClipStore(Sequence):
                 reader.visit([refs[p] for p in positions], at)
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
-        """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first (always, for a payload read in place or
-        decoded by FFmpeg: ``Payload.checked_on_read``)."""
+        """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first (always, for a payload decoded by FFmpeg:
+        ``Payload.crc_before_decoding``)."""
         got: list = []
 
         def decode(_: int, header: ClipHeader, payload: memoryview) -> None:
             codec = codec_for_id(header.codec_id)
-            if verify or codec.payload.checked_on_read:
+            if verify or codec.payload.crc_before_decoding:
                 check_crc(payload, header)
             got.append((header, np.array(codec.decode(payload, header.shape))))
 
