@@ -20,11 +20,15 @@ def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, 
     """The preset's crop of one stored clip for (epoch, index), after the checks every reader makes.
 
     ``verify`` checks the payload's CRC-32 first (``ClipStore.visit`` has
-    checked the label and shape). A clip the preset cannot crop raises
-    ``FormatError`` without a location; the caller (``ClipStore.visit``) adds
-    the shard and clip.
+    checked the label and shape); a payload decoded by FFmpeg is checked
+    always (``Payload.crc_before_decoding``). A clip the preset cannot crop
+    raises ``FormatError`` without a location; the caller
+    (``ClipStore.visit``) adds the shard and clip.
     """
-    if verify:
+    # A training reader decodes in its own process (a process per clip would cost more than the decode): what
+    # keeps a hostile bitstream from FFmpeg here is this check, and ``python -m convert verify``, which decodes
+    # every clip in child processes, is the gate for data not trusted (docs/design.md).
+    if verify or codec_for_id(header.codec_id).payload.crc_before_decoding:
         check_crc(payload, header)
     try:
         return preset.params(epoch, index, header.shape)
@@ -36,9 +40,10 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
               index: int, *, verify: bool = False) -> None:
     """Decode one stored clip and write its crop for (epoch, index) into ``out``.
 
-    ``verify`` checks the payload's CRC-32; a payload read in place (raw) is
-    checked always. Data problems raise ``FormatError`` without a location;
-    the caller (``ClipStore.visit``) adds the shard and clip.
+    ``verify`` checks the payload's CRC-32; a payload read in place (raw) or
+    decoded by FFmpeg is checked always. Data problems raise ``FormatError``
+    without a location; the caller (``ClipStore.visit``) adds the shard and
+    clip.
     """
     codec = codec_for_id(header.codec_id)
     # A payload read in place is cut straight from the shard's map, the flipped crop channel by channel,

@@ -63,9 +63,12 @@ def coded_size(shape: tuple[int, ...]) -> tuple[int, int]:
 class _Swscale(threading.local):
     """One libswscale context per thread and direction: creating one per frame costs more than the conversion.
 
-    Each converts in one thread (``threads=1`` at every call): a reader
-    already runs a conversion per reader thread, and a shard process runs per
-    core, so slice threads would only contend.
+    Each converts in its caller's thread (``threads=1``): PyAV's default starts
+    a pool of libswscale threads per context, which a process forked after a
+    conversion (a DataLoader worker, ``verify``'s checker) inherits without
+    its threads, so its next conversion waited for ever. One thread also
+    keeps readers, one per reader thread already, from oversubscribing the
+    cores; the pixels are the same.
     """
 
     def __init__(self) -> None:

@@ -237,13 +237,15 @@ class ClipStore(Sequence):
                 reader.visit([refs[p] for p in positions], at)
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
-        """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first."""
+        """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first (always, for a payload decoded by FFmpeg:
+        ``Payload.crc_before_decoding``)."""
         got: list = []
 
         def decode(_: int, header: ClipHeader, payload: memoryview) -> None:
-            if verify:
+            codec = codec_for_id(header.codec_id)
+            if verify or codec.payload.crc_before_decoding:
                 check_crc(payload, header)
-            got.append((header, np.array(codec_for_id(header.codec_id).decode(payload, header.shape))))
+            got.append((header, np.array(codec.decode(payload, header.shape))))
 
         self.visit([i], decode)
         header, clip = got[0]

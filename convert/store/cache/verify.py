@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 from convert.format.errors import FormatError
 from convert.format.manifest import check_plan
 from convert.format.system import cpu_count
 
-from ..verify import checked_counts, isolated, totals_problems, verify_shard
+from ..verify import Check, checked_counts, isolated, shard_check, totals_problems
 from .cache import ShardCache
 from .settings import CacheSettings
 
@@ -47,9 +44,8 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
                     holds[i] = sc.acquire(i)  # downloaded and checked on arrival unless cached
                 except FormatError as exc:
                     problems.append(str(exc))
-            tasks: list[tuple[str, Callable[[], list[str]]]] = [
-                (manifest.shards[i].name, functools.partial(verify_shard, sc.local_path(i), i, manifest,
-                                                            decode=decode)) for i in holds]
+            tasks: list[tuple[str, Check]] = [
+                (manifest.shards[i].name, shard_check(sc.local_path(i), i, manifest, decode)) for i in holds]
             found = isolated(tasks, workers)
         finally:
             for hold in holds.values():
