@@ -12,7 +12,7 @@ from loaders import ClipDataset, ClipPreset, DistributedClipSampler, build_loade
 from loaders.dataset import ClipBatch, collate
 from loaders.presets import apply
 
-from .loaders_fixtures import jpeg_root, loader_base, lz4_root, raw_root, short_side_root  # noqa: F401
+from .loaders_fixtures import backend_converted, loader_base, raw_root, short_side_root  # noqa: F401
 
 
 def _expected(store, preset: ClipPreset, epoch: int, i: int) -> np.ndarray:
@@ -22,8 +22,8 @@ def _expected(store, preset: ClipPreset, epoch: int, i: int) -> np.ndarray:
 
 @pytest.mark.parametrize("codec", list(WRITE_CODECS))
 @pytest.mark.parametrize("train", [True, False])
-def test_every_item_is_the_stored_clip_cropped_by_the_preset(request, codec, train):
-    root = request.getfixturevalue(f"{codec}_root")
+def test_every_item_is_the_stored_clip_cropped_by_the_preset(synth_videos, loader_base, codec, train):  # noqa: F811
+    root = backend_converted(synth_videos, loader_base, "lmdb", codec)
     store = open_clips(root)
     ds = ClipDataset(root, train=train)
     assert len(ds) == len(store) > 20
