@@ -225,8 +225,9 @@ class H264Codec(VideoCodec):
     # mbtree=0: with x264's macroblock-tree rate control on, one thread and the same frames still gave other
     # bytes now and then in a shard process (a rerun must write the same bytes); without it, never in the
     # runs tried (docs/benchmarks.md has its cost in bytes, which a higher default CRF takes back).
+    # partitions=none: no sub-macroblock partitions to search, a good part of the encoder's time for few bytes.
     encoder_options: ClassVar[dict[str, str]] = {"preset": "veryfast", "bf": "0", "g": "9999",
-                                                 "sc_threshold": "0", "x264-params": "mbtree=0"}
+                                                 "sc_threshold": "0", "x264-params": "mbtree=0:partitions=none"}
 
     def _filter(self, packets: list[Any]) -> list[bytes]:
         # x264 writes its version and settings into an SEI message on the first frame: bytes that say nothing
