@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .format import BACKENDS, WRITE_CODECS
 from .format.layout import MAX_CLIP_INDEX
-from .format.options import option
+from .format.options import option, option_from
 from .format.units import MAX_BYTES
 from .job.supervise import ShardOptions
 from .worker.clips import SHORT_POLICIES
@@ -175,7 +175,7 @@ class DemoOptions:
     seconds: float = option("demo", "approximate length of each video, in seconds", default=2.0, gt=0, le=600)
     workers: int = option("demo", "parallel shard processes (0: every core)", default=JobOptions.workers, ge=0,
                           le=MAX_WORKERS)
-    codec: str = option("demo", "clip codec", default=ConvertConfig.codec, choices=tuple(WRITE_CODECS))
+    codec: str = option_from(ConvertOptions, "codec", group="demo")
 
 
 __all__ = ["MAX_DECODE_THREADS", "MAX_RETRIES", "MAX_SHARDS", "MAX_TIMEOUT", "MAX_WORKERS", "MIN_MEMORY",

@@ -204,6 +204,8 @@ def test_an_option_two_settings_classes_hold_is_one_declaration():
     assert {name: (trainer[name].option.on_resume, trainer[name].option.added_later)
             for name in ("cache_dir", "cache_limit")} == {"cache_dir": (RESUME_FREE, None),
                                                           "cache_limit": (RESUME_FREE, None)}
+    # The demo's --codec is the converter's (it was declared twice, with its own words).
+    assert settings(DemoOptions)["codec"].option.base is settings(ConvertOptions)["codec"].option
     with pytest.raises(TypeError, match="declares no option 'nope'"):
         option_from(CacheSettings, "nope", group="data")
     with pytest.raises(TypeError, match="reuses a declaration itself"):
