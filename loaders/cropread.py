@@ -21,14 +21,14 @@ def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, 
 
     ``verify`` checks the payload's CRC-32 first (``ClipStore.visit`` has
     checked the label and shape); a payload decoded by FFmpeg is checked
-    always (``Payload.crc_before_decoding``). A clip the preset cannot crop
+    always (``Payload.crc_checked``). A clip the preset cannot crop
     raises ``FormatError`` without a location; the caller
     (``ClipStore.visit``) adds the shard and clip.
     """
     # A training reader decodes in its own process (a process per clip would cost more than the decode): what
     # keeps a hostile bitstream from FFmpeg here is this check, and ``python -m convert verify``, which decodes
     # every clip in child processes, is the gate for data not trusted (docs/design.md).
-    if verify or codec_for_id(header.codec_id).payload.crc_before_decoding:
+    if codec_for_id(header.codec_id).payload.crc_checked(verify):
         check_crc(payload, header)
     try:
         return preset.params(epoch, index, header.shape)

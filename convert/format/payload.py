@@ -66,11 +66,11 @@ class Payload:
         """The payload is the clip's pixels as they are: a reader takes a view of it, no decoding."""
         return self.layout == "array" and self.coding == "none"
 
-    @property
-    def crc_before_decoding(self) -> bool:
-        """Readers check the payload's CRC-32 before decoding it, asked to or not: a bitstream goes to FFmpeg's
-        decoders, which damaged input can crash or hang, so they get only the bytes the converter wrote."""
-        return self.layout == "stream"
+    def crc_checked(self, asked: bool) -> bool:
+        """Whether a reader checks the payload's CRC-32 before decoding it: when ``asked``, and always for a
+        bitstream, which goes to FFmpeg's decoders (damaged input can crash or hang them), so they get only the
+        bytes the converter wrote. The one rule every reader follows."""
+        return asked or self.layout == "stream"
 
 
 LAYOUTS = ("array", "frames", "stream")

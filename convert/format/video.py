@@ -98,9 +98,10 @@ def yuv_frames(clip: np.ndarray) -> list[av.VideoFrame]:
     """The clip's frames as BT.601 full-range YUV 4:2:0, padded to even size (last row/column repeated)."""
     import av
 
-    t, h, w, _ = clip.shape
-    if h & 1 or w & 1:
-        clip = np.pad(clip, ((0, 0), (0, h & 1), (0, w & 1), (0, 0)), mode="edge")
+    _, h, w, _ = clip.shape
+    height, width = coded_size(clip.shape)
+    if (height, width) != (h, w):
+        clip = np.pad(clip, ((0, 0), (0, height - h), (0, width - w), (0, 0)), mode="edge")
     sws = _sws()
     frames = []
     for i, rgb in enumerate(np.ascontiguousarray(clip, dtype=np.uint8)):
@@ -203,8 +204,6 @@ class VideoCodec(Codec):
                     if t0 <= n < t0 + t:
                         rgb_into(frame, out[n - t0])
                     n += 1
-                    if n > shape[0]:
-                        break
         except av.FFmpegError as exc:
             raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
         if n != shape[0]:

@@ -238,12 +238,12 @@ class ClipStore(Sequence):
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first (always, for a payload decoded by FFmpeg:
-        ``Payload.crc_before_decoding``)."""
+        ``Payload.crc_checked``)."""
         got: list = []
 
         def decode(_: int, header: ClipHeader, payload: memoryview) -> None:
             codec = codec_for_id(header.codec_id)
-            if verify or codec.payload.crc_before_decoding:
+            if codec.payload.crc_checked(verify):
                 check_crc(payload, header)
             got.append((header, np.array(codec.decode(payload, header.shape))))
 
