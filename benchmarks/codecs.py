@@ -3,7 +3,8 @@
 The clips are what a real conversion stores: the real test videos (every
 one but the corrupted file) converted with ``--codec raw`` by ``run_job``
 into a scratch folder and read back through ``open_clips``. Each clip is
-then encoded with every codec and quality listed in ``PROJECT_ROWS``; for
+then encoded with every codec and quality listed in ``PROJECT_ROWS``, a
+video's clips through one encoder as in a conversion; for
 each row the first table gives the payload bytes per clip, the PSNR of the
 decoded clip against the raw one (mean and minimum over the clips; one PSNR
 per clip, over all its frames and channels) and the CPU milliseconds per
@@ -25,6 +26,7 @@ Run it from the repository root; docs/benchmarks.md records its tables.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import shutil
@@ -40,8 +42,9 @@ from benchmarks import scratch_folder
 from benchmarks.conversion import DEFAULT_SHARED, build_tree
 from convert.format import Codec, get_codec
 from convert.format.codecs import _pack_parts, _table
+from convert.format.payload import ClipEncoder
 from convert.format.system import cpu_count
-from convert.format.video import VideoCodec
+from convert.format.video import VideoCodec, yuv_frames
 from convert.job.run import JobOptions, run_job
 from convert.store import open_clips
 from convert.worker import forkserver
@@ -63,11 +66,26 @@ CLIPS_PER_VIDEO = (15, 18)
 MIN_SECONDS = 0.25  # the least time one decoding measurement takes (on one thread)
 
 
-class HevcCodec(VideoCodec):
+class _FreshEncoderPerClip(VideoCodec):
+    """x265 and SVT-AV1 hold frames back (look-ahead), which a ``VideoClipEncoder`` refuses: each clip is coded by
+    a fresh encoder, flushed at its end (their encode times so include opening an encoder per clip)."""
+
+    def encoder(self) -> ClipEncoder:  # type: ignore[override]  # the plain one: encode() per clip
+        return ClipEncoder(codec=self)
+
+    def packets(self, clip: np.ndarray) -> list[bytes]:
+        cc = self._context(clip.shape)
+        out: list[Any] = []
+        for frame in yuv_frames(clip):
+            out += cc.encode(frame)
+        return self._filter(out + cc.encode(None))
+
+
+class HevcCodec(_FreshEncoderPerClip):
     """HEVC (libx265, preset veryfast, no B-frames), one Annex-B stream per clip: measured here, not a format codec."""
 
     name = "hevc"
-    encoder, decoder = "libx265", "hevc"
+    encoder_name, decoder_name = "libx265", "hevc"
     quality_range, default_quality = (0, 51), 18
     encoder_options: ClassVar[dict[str, str]] = {
         "preset": "veryfast",
@@ -81,25 +99,25 @@ class HevcCodec(VideoCodec):
         out = [bytes(q) for p in packets for q in bsf.filter(p)]
         return out + [bytes(q) for q in bsf.filter(None)]
 
-    def encode(self, clip: np.ndarray) -> bytes:
-        return b"".join(self.packets(clip))
+    def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
+        return b"".join(packets)
 
     def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
         return [*cc.parse(bytes(payload)), *cc.parse(None)]
 
 
-class Av1Codec(VideoCodec):
+class Av1Codec(_FreshEncoderPerClip):
     """AV1 (SVT-AV1, one thread), its frames in a frame table (within 200 bytes of an IVF file), read by dav1d."""
 
     name = "av1"
-    encoder, decoder = "libsvtav1", "libdav1d"
+    encoder_name, decoder_name = "libsvtav1", "libdav1d"
     quality_range, default_quality = (0, 63), 30
     # preset 10 of SVT-AV1's 0 (slowest) .. 13 (fastest); pred-struct 1: low delay, no reordering.
     encoder_options: ClassVar[dict[str, str]] = {"preset": "10", "g": "9999",
                                                  "svtav1-params": "lp=1:pred-struct=1:scd=0"}
 
-    def encode(self, clip: np.ndarray) -> bytes:
-        return _pack_parts(self.packets(clip))
+    def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
+        return _pack_parts(packets)
 
     def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
         import av
@@ -146,8 +164,9 @@ def video_names(shared: str) -> list[str]:
 
 
 def raw_clips(shared: str, scratch: str, *, names: Sequence[str] | None = None, max_clips: int | None = None,
-              workers: int = 1) -> list[np.ndarray]:
-    """The clips a default raw conversion of the videos ``names`` of ``shared`` stores, read back from its shards."""
+              workers: int = 1) -> list[tuple[str, np.ndarray]]:
+    """(video id, clip) of every clip a default raw conversion of the videos ``names`` of ``shared`` stores, read
+    back from its shards in store order (a video's clips together, in order)."""
     names = list(names) if names else video_names(shared)
     tree, out = os.path.join(scratch, "videos"), os.path.join(scratch, "raw")
     shutil.rmtree(tree, ignore_errors=True)
@@ -159,20 +178,26 @@ def raw_clips(shared: str, scratch: str, *, names: Sequence[str] | None = None, 
         forkserver.stop()
     store = open_clips(out)
     try:
-        return [np.array(sample.clip) for sample in store]
+        return [(sample.video_id, np.array(sample.clip)) for sample in store]
     finally:
         store.close()
 
 
-def measure_row(codec: Codec, clips: list[np.ndarray]) -> Row:
-    """Encode every clip with ``codec`` (timed on this thread's CPU clock), decode it back, compare."""
+def measure_row(codec: Codec, clips: list[np.ndarray], videos: list[str]) -> Row:
+    """Encode every clip with ``codec`` (timed on this thread's CPU clock), decode it back, compare.
+
+    As a conversion does, the clips of a video (``videos[i]`` is clip i's)
+    go through one ``codec.encoder()``, opened and closed within the timing.
+    """
     payloads, scores, cpu = [], [], 0.0
-    for clip in clips:
+    for _, group in itertools.groupby(zip(videos, clips), key=lambda pair: pair[0]):
+        video = [clip for _, clip in group]
         t0 = time.thread_time()
-        payload = bytes(codec.encode(clip))
+        with codec.encoder() as encoder:
+            coded = [bytes(encoder.encode(clip)) for clip in video]
         cpu += time.thread_time() - t0
-        payloads.append(payload)
-        scores.append(psnr(clip, codec.decode(payload, clip.shape)))
+        payloads += coded
+        scores += [psnr(clip, codec.decode(payload, clip.shape)) for clip, payload in zip(video, coded)]
     return Row(row_label(codec), codec, payloads, scores, cpu)
 
 
@@ -274,15 +299,15 @@ def print_tables(rows: list[Row], rates: dict[str, list[float]], clips: list[np.
               + " |")
 
 
-def measure_all(clips: list[np.ndarray], project: list[tuple[str, int | None]],
+def measure_all(clips: list[np.ndarray], videos: list[str], project: list[tuple[str, int | None]],
                 others: list[tuple[type[VideoCodec], int]]) -> list[Row]:
     """A row per codec: the project's at their qualities, then the others (rows whose encoder fails are said)."""
     import av
 
-    rows = [measure_row(get_codec(name, quality), clips) for name, quality in project]
+    rows = [measure_row(get_codec(name, quality), clips, videos) for name, quality in project]
     for cls, quality in others:
         try:
-            rows.append(measure_row(cls(quality), clips))
+            rows.append(measure_row(cls(quality), clips, videos))
         except (ValueError, av.FFmpegError) as exc:  # an encoder this PyAV build lacks, or refused settings
             print(f"{cls.name} CRF {quality}: left out ({type(exc).__name__}: {exc})")
     return rows
@@ -304,10 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its settings at every encoder's start: errors only
     names = [n.strip() for n in args.videos.split(",") if n.strip()] if args.videos else None
     with scratch_folder(args.tmp, "codecs-bench-") as scratch:
-        clips = raw_clips(args.shared, scratch, names=names, max_clips=args.max_clips, workers=min(2, cpu_count()))
+        stored = raw_clips(args.shared, scratch, names=names, max_clips=args.max_clips, workers=min(2, cpu_count()))
+    videos, clips = [v for v, _ in stored], [c for _, c in stored]
     if not clips:
         raise SystemExit(f"no clips: the videos in {args.shared} are shorter than a clip")
-    rows = measure_all(clips, PROJECT_ROWS, [] if args.no_others else OTHER_ROWS)
+    rows = measure_all(clips, videos, PROJECT_ROWS, [] if args.no_others else OTHER_ROWS)
     rates = decode_rates(rows, clips[0].shape, args.threads, args.rounds)
     used = ", ".join(names or video_names(args.shared))
     print_tables(rows, rates, clips, args.threads, args.rounds, f"raw conversion of {used}")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from convert.format import FormatError, codec_for_id, get_codec, read_manifest
-from convert.format.video import coded_size
+from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, coded_size
 
 from .convert_helpers import run_cli
 from .videos import pattern
@@ -51,6 +51,60 @@ def test_encoding_is_deterministic_and_the_quality_changes_the_bytes(name, clip)
     low, high = codec.quality_range  # type: ignore[misc]
     better, worse = get_codec(name, low + 5).encode(clip), get_codec(name, high - 10).encode(clip)
     assert len(better) > len(worse)
+
+
+def _nal_types(h264: bytes) -> list[int]:
+    """The NAL unit types of an Annex-B stream, in order (3- and 4-byte start codes)."""
+    return [h264[i + 3] & 0x1F for i in range(len(h264) - 3) if h264[i:i + 3] == b"\x00\x00\x01"]
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_a_videos_clips_share_one_encoder_yet_each_decodes_alone(name):
+    codec = get_codec(name)
+    video = pattern(48, 37, 51, seed=5)
+    clips = [video[k:k + 16] for k in (0, 16, 32)]
+    with codec.encoder() as encoder:
+        payloads = [bytes(encoder.encode(c)) for c in clips]
+    # The first clip is what a fresh encoder writes; the video's encoding repeats in a new encoder.
+    assert payloads[0] == bytes(codec.encode(clips[0]))
+    with codec.encoder() as encoder:
+        assert [bytes(encoder.encode(c)) for c in clips] == payloads
+    for c, payload in zip(clips, payloads):
+        frames = codec.decode(payload, c.shape)  # a fresh decoder, nothing of the clips before
+        assert _psnr(frames, c) > 30
+        if name == "h264":
+            types = _nal_types(payload)
+            assert types[:3] == [7, 8, 5] and types.count(5) == 1  # SPS, PPS, then the clip's one IDR picture
+        else:
+            first = payload[IVF_HEADER + IVF_FRAME_HEADER]
+            assert first >> 6 == 2 and not first & 0x04  # VP9 frame marker, then frame_type 0: a key frame
+            assert sum(1 for p in _ivf_frames(payload) if not p[0] & 0x04) == 1
+
+
+def _ivf_frames(payload: bytes) -> list[bytes]:
+    pos, out = IVF_HEADER, []
+    while pos < len(payload):
+        size = int.from_bytes(payload[pos:pos + 4], "little")
+        out.append(payload[pos + IVF_FRAME_HEADER:pos + IVF_FRAME_HEADER + size])
+        pos += IVF_FRAME_HEADER + size
+    return out
+
+
+def test_a_clip_of_another_size_starts_a_new_encoder(clip):
+    codec = get_codec("vp9")
+    small = clip[:, :20, :30]
+    with codec.encoder() as encoder:
+        encoder.encode(clip)
+        assert bytes(encoder.encode(small)) == bytes(codec.encode(small))
+
+
+def test_an_encoder_that_holds_frames_back_is_an_error_not_a_short_clip(clip):
+    # Without force-cfr, x264 holds one frame back to time it: a clip's packets would spill into the next one.
+    class Delayed(H264Codec):
+        encoder_options = {**H264Codec.encoder_options, "x264-params": "mbtree=0"}
+
+    with pytest.raises(FormatError, match="libx264 gave 15 packets for a clip of 16 frames"):
+        Delayed().encode(clip)
 
 
 def test_payloads_are_what_format_md_says(clip):

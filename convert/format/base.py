@@ -30,6 +30,7 @@ from .codecs import Codec, get_codec
 from .errors import FormatError
 from .layout import HEADER_SIZE, ClipHeader, file_sha256, hexdigest_of, pack_header, plain_name
 from .manifest import DATA_KEYS, ShardEntry, ShardFile
+from .payload import ClipEncoder
 from .records import VideoRecord
 
 # The summary fields every backend's ``finish`` returns and the manifest lists per shard.
@@ -137,11 +138,11 @@ class ShardWriter(ABC):
         self.meta = meta
 
     def encode(self, video_id: str, label: int, clip_index: int, start_frame: int,
-               frames: np.ndarray) -> tuple[bytes, bytes | memoryview]:
-        """Header (with the video id) and payload of one clip."""
+               frames: np.ndarray, *, encoder: ClipEncoder | None = None) -> tuple[bytes, bytes | memoryview]:
+        """Header (with the video id) and payload of one clip, coded by ``encoder`` (the video's) when given."""
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
             raise ValueError(f"clip must be uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
-        payload = self.codec.encode(frames)
+        payload = (encoder or self.codec).encode(frames)
         t, h, w, c = frames.shape
         header = pack_header(codec_id=self.codec.id, shape=(t, h, w, c), label=label,
                              clip_index=clip_index, start_frame=start_frame, video_id=video_id, payload=payload)
@@ -149,18 +150,23 @@ class ShardWriter(ABC):
 
     def drain(self, video_id: str, label: int, gen: ClipProducer,
               put: Callable[[int, bytes, bytes | memoryview], None]) -> VideoRecord:
-        """Encode every clip ``gen`` yields and ``put(clip_index, header, payload)`` it; returns its record."""
-        while True:
-            try:
-                clip_index, start, frames = next(gen)
-            except StopIteration as stop:
-                record: VideoRecord = stop.value  # the generator's return value (ClipProducer)
-                if record.video_id != video_id:
-                    raise ValueError(f"the clips of {video_id!r} came with a record of "
-                                     f"{record.video_id!r}") from None
-                return record
-            header, payload = self.encode(video_id, label, clip_index, start, frames)
-            put(clip_index, header, payload)
+        """Encode every clip ``gen`` yields and ``put(clip_index, header, payload)`` it; returns its record.
+
+        The clips go through one ``ClipEncoder``, from the video's first clip
+        on each call (a writer that calls ``produce`` again starts over).
+        """
+        with self.codec.encoder() as encoder:
+            while True:
+                try:
+                    clip_index, start, frames = next(gen)
+                except StopIteration as stop:
+                    record: VideoRecord = stop.value  # the generator's return value (ClipProducer)
+                    if record.video_id != video_id:
+                        raise ValueError(f"the clips of {video_id!r} came with a record of "
+                                         f"{record.video_id!r}") from None
+                    return record
+                header, payload = self.encode(video_id, label, clip_index, start, frames, encoder=encoder)
+                put(clip_index, header, payload)
 
     @classmethod
     def id_problem(cls, video_id: str) -> str | None:

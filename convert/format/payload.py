@@ -73,6 +73,35 @@ class Payload:
         return asked or self.layout == "stream"
 
 
+class ClipEncoder:
+    """Encodes the clips of one video, in order: ``encode(clip)`` for each, then ``close()`` (or a ``with``).
+
+    A codec that codes each clip on its own (raw, lz4, jpeg) keeps nothing
+    between clips. A video codec keeps one encoder open for the whole video,
+    since opening one costs about as much as coding a clip; each clip still
+    starts with a keyframe and refers to nothing before it, so it decodes
+    alone. A clip's bytes may then depend on the clips before it in its
+    video, which is why a video is always encoded from its first clip (a
+    rerun redoes whole videos) and the same video gives the same bytes.
+    """
+
+    def __init__(self, *, codec: Codec) -> None:
+        self.codec = codec
+
+    def encode(self, clip: np.ndarray) -> bytes | memoryview:
+        """The payload of the video's next uint8 (T, H, W, C) clip."""
+        return self.codec.encode(clip)
+
+    def close(self) -> None:
+        """Releases what the encoder holds; nothing is written after the last clip."""
+
+    def __enter__(self) -> ClipEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 LAYOUTS = ("array", "frames", "stream")
 CODINGS = ("none", "lz4-block", "jpeg", "h264", "vp9")
 
@@ -119,6 +148,10 @@ class Codec:
     def encode(self, clip: np.ndarray) -> bytes | memoryview:
         """The payload of one uint8 (T, H, W, C) clip."""
         raise NotImplementedError(f"codec {self.name} (id {self.id}) is read-only")
+
+    def encoder(self) -> ClipEncoder:
+        """An encoder for the clips of one video, given in order (``ClipEncoder``)."""
+        return ClipEncoder(codec=self)
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         """The whole clip as uint8 (T, H, W, C)."""

@@ -1,10 +1,12 @@
 """Video-coded clip payloads: each clip one short H.264 or VP9 bitstream, decoded by FFmpeg (PyAV) here.
 
 A clip's 16 frames are one shot, which an inter-frame codec compresses far
-better than 16 separate JPEGs (docs/benchmarks.md). Each clip is encoded by
-a fresh encoder, so its bitstream is one closed group of pictures: the
-first frame is a keyframe and no frame refers outside the clip; a temporal
-window is decoded from the clip's start and the frames before it dropped.
+better than 16 separate JPEGs (docs/benchmarks.md). Each clip's bitstream is
+one closed group of pictures: the first frame is a keyframe and no frame
+refers outside the clip; a temporal window is decoded from the clip's start
+and the frames before it dropped. A conversion keeps one encoder open for
+the clips of a video (``VideoClipEncoder``), a keyframe forced at each
+clip's start: opening an encoder costs about as much as coding a clip.
 
 What the payload is (FORMAT.md, *Video payloads*), so that FFmpeg alone, or
 DALI's video decoder, reads it from memory:
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 import numpy as np
 
 from .errors import FormatError
-from .payload import Codec, Payload, _window_out
+from .payload import ClipEncoder, Codec, Payload, _window_out
 
 if TYPE_CHECKING:
     import av
@@ -139,8 +141,8 @@ class VideoCodec(Codec):
     codec's fidelity at a fraction of its bytes (docs/benchmarks.md).
     """
 
-    encoder: ClassVar[str]  # FFmpeg's encoder
-    decoder: ClassVar[str]  # FFmpeg's decoder
+    encoder_name: ClassVar[str]  # FFmpeg's encoder
+    decoder_name: ClassVar[str]  # FFmpeg's decoder
     encoder_options: ClassVar[dict[str, str]]  # fixed settings besides the quality: part of what a rerun repeats
     records_default_quality = True
 
@@ -148,7 +150,7 @@ class VideoCodec(Codec):
     def _context(self, shape: tuple[int, ...]) -> av.VideoCodecContext:
         import av
 
-        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.encoder, "w"))
+        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.encoder_name, "w"))
         cc.height, cc.width = coded_size(shape)
         cc.pix_fmt = "yuv420p"
         cc.time_base = _TIME_BASE
@@ -160,20 +162,23 @@ class VideoCodec(Codec):
         cc.options = {**self.encoder_options, "crf": str(self.quality)}
         return cc
 
+    def encoder(self) -> VideoClipEncoder:
+        return VideoClipEncoder(codec=self)
+
     def packets(self, clip: np.ndarray) -> list[bytes]:
-        """The clip's coded frames, one packet each, in decoding order (= display order)."""
-        clip = np.asarray(clip)
-        if clip.ndim != 4 or clip.shape[3] != 3 or clip.dtype != np.uint8 or clip.shape[0] < 1:
-            raise ValueError(f"{self.name} encodes uint8 (T, H, W, 3) clips, got {clip.dtype} {clip.shape}")
-        cc = self._context(clip.shape)
-        out: list[Any] = []
-        for frame in yuv_frames(clip):
-            out += cc.encode(frame)
-        out += cc.encode(None)
-        packets = self._filter(out)
-        if len(packets) != clip.shape[0]:
-            raise FormatError(f"{self.encoder} wrote {len(packets)} packets for {clip.shape[0]} frames")
-        return packets
+        """One clip's coded frames by a fresh encoder, one packet each, in decoding order (= display order)."""
+        encoder = self.encoder()
+        try:
+            return encoder.packets(clip)
+        finally:
+            encoder.close()
+
+    def encode(self, clip: np.ndarray) -> bytes:
+        return self.pack(self.packets(clip), clip.shape)
+
+    def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
+        """The payload holding one clip's ``packets`` (the codec's stream form)."""
+        raise NotImplementedError
 
     def _filter(self, packets: list[Any]) -> list[bytes]:
         return [bytes(p) for p in packets]
@@ -188,7 +193,7 @@ class VideoCodec(Codec):
         import av
 
         out = _window_out(shape, t0, t, out)
-        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder, "r"))
+        cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder_name, "r"))
         cc.thread_count = 1
         # A damaged bitstream is an error, not frames concealed from their neighbours.
         cc.options = {"err_detect": "crccheck+bitstream+buffer+explode"}
@@ -211,6 +216,54 @@ class VideoCodec(Codec):
         return out
 
 
+class VideoClipEncoder(ClipEncoder):
+    """One FFmpeg encoder kept open across a video's clips, a keyframe forced at each clip's first frame.
+
+    The settings of each codec give one packet per frame at once (no
+    B-frames, no look-ahead), so each clip's packets are complete when its
+    last frame goes in, and the encoder is never flushed between clips. A
+    keyframe (H.264: an IDR picture with the SPS and PPS before it; VP9: a
+    key frame, which resets every reference and probability context) makes
+    the clip's stream independent of the clips before it.
+    """
+
+    codec: VideoCodec
+
+    def __init__(self, *, codec: VideoCodec) -> None:
+        super().__init__(codec=codec)
+        self._cc: av.VideoCodecContext | None = None
+        self._shape: tuple[int, ...] = ()
+        self._pts = 0
+
+    def packets(self, clip: np.ndarray) -> list[bytes]:
+        """The clip's coded frames, one packet each, in decoding order (= display order)."""
+        from av.video.frame import PictureType
+
+        clip = np.asarray(clip)
+        codec = self.codec
+        if clip.ndim != 4 or clip.shape[3] != 3 or clip.dtype != np.uint8 or clip.shape[0] < 1:
+            raise ValueError(f"{codec.name} encodes uint8 (T, H, W, 3) clips, got {clip.dtype} {clip.shape}")
+        if self._cc is None or clip.shape[1:] != self._shape:
+            self.close()  # a clip of another size (not one a conversion makes) starts a new encoder
+            self._cc, self._shape, self._pts = codec._context(clip.shape), clip.shape[1:], 0
+        out: list[Any] = []
+        for i, frame in enumerate(yuv_frames(clip)):
+            frame.pts, self._pts = self._pts, self._pts + 1
+            frame.pict_type = PictureType.I if i == 0 else PictureType.NONE
+            out += self._cc.encode(frame)
+        if len(out) != clip.shape[0] or not out[0].is_keyframe:
+            raise FormatError(f"{codec.encoder_name} gave {len(out)} packets for a clip of {clip.shape[0]} frames"
+                              f"{'' if out and out[0].is_keyframe else ', not starting with a keyframe'}")
+        return codec._filter(out)
+
+    def encode(self, clip: np.ndarray) -> bytes:
+        return self.codec.pack(self.packets(clip), clip.shape)
+
+    def close(self) -> None:
+        # Dropped unflushed: every frame given has come out already (packets()).
+        self._cc = None
+
+
 class H264Codec(VideoCodec):
     """H.264 (libx264), one Annex-B stream per clip without B-frames: NVDEC decodes it on the GPU."""
 
@@ -218,15 +271,18 @@ class H264Codec(VideoCodec):
     summary = "an H.264 stream per clip, lossy, decoded by NVDEC under DALI (GPU only there)"
     payload = Payload(layout="stream", coding="h264", lossless=False)
     expected_ratio = 30.0
-    encoder, decoder = "libx264", "h264"
+    encoder_name, decoder_name = "libx264", "h264"
     quality_range, default_quality = (0, 51), 16
     # veryfast: nearly medium's bytes at a fraction of its time at these sizes; bf=0: no reordering (module doc).
     # mbtree=0: with x264's macroblock-tree rate control on, one thread and the same frames still gave other
     # bytes now and then in a shard process (a rerun must write the same bytes); without it, never in the
     # runs tried (docs/benchmarks.md has its cost in bytes, which a higher default CRF takes back).
     # partitions=none: no sub-macroblock partitions to search, a good part of the encoder's time for few bytes.
+    # rc-lookahead=0 (with mbtree off it decides nothing here) and forced-idr: each frame comes out as it goes in,
+    # and the keyframe forced at a clip's start is an IDR picture (VideoClipEncoder).
     encoder_options: ClassVar[dict[str, str]] = {"preset": "veryfast", "bf": "0", "g": "9999",
-                                                 "sc_threshold": "0", "x264-params": "mbtree=0:partitions=none"}
+                                                 "sc_threshold": "0", "forced-idr": "1",
+                                                 "x264-params": "mbtree=0:partitions=none:force-cfr=1"}
 
     def _filter(self, packets: list[Any]) -> list[bytes]:
         # x264 writes its version and settings into an SEI message on the first frame: bytes that say nothing
@@ -248,8 +304,8 @@ class H264Codec(VideoCodec):
             raise FormatError(f"h264 payload of {len(data)} bytes does not start with an Annex-B start code")
         return super().window(data, shape, t0, t, out)
 
-    def encode(self, clip: np.ndarray) -> bytes:
-        return b"".join(self.packets(clip))
+    def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
+        return b"".join(packets)
 
 
 class Vp9Codec(VideoCodec):
@@ -259,15 +315,15 @@ class Vp9Codec(VideoCodec):
     summary = "a VP9 stream (IVF) per clip, lossy, decoded by DALI on the GPU or the CPU"
     payload = Payload(layout="stream", coding="vp9", lossless=False)
     expected_ratio = 30.0
-    encoder, decoder = "libvpx-vp9", "vp9"
+    encoder_name, decoder_name = "libvpx-vp9", "vp9"
     quality_range, default_quality = (0, 63), 20
     # realtime with cpu-used 8: libvpx's fastest mode, within a few per cent of its slower modes' bytes here.
+    # lag-in-frames=0: each frame comes out as it goes in (VideoClipEncoder).
     encoder_options: ClassVar[dict[str, str]] = {"b:v": "0", "deadline": "realtime", "cpu-used": "8",
                                                  "g": "9999", "lag-in-frames": "0", "row-mt": "0"}
 
-    def encode(self, clip: np.ndarray) -> bytes:
-        packets = self.packets(clip)
-        height, width = coded_size(clip.shape)
+    def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
+        height, width = coded_size(shape)
         parts = [struct.pack("<4sHH4sHHIIII", b"DKIF", 0, IVF_HEADER, b"VP90", width, height,
                              _TIME_BASE.denominator, _TIME_BASE.numerator, len(packets), 0)]
         for pts, packet in enumerate(packets):
@@ -294,4 +350,4 @@ class Vp9Codec(VideoCodec):
         return frames
 
 
-__all__ = ["H264Codec", "VideoCodec", "Vp9Codec", "coded_size", "rgb_into", "yuv_frames"]
+__all__ = ["H264Codec", "VideoClipEncoder", "VideoCodec", "Vp9Codec", "coded_size", "rgb_into", "yuv_frames"]
