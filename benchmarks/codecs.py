@@ -18,7 +18,9 @@ thread and on two (a thread pool decoding different clips, as the reader
 threads do), in interleaved rounds (the best of each is kept); the
 two-thread/one-thread ratio says whether decoding releases the GIL. The raw
 codec's decode is a zero-copy view of the payload: its rate is the bound.
-Last, each codec's bytes per clip projected to Kinetics' training sets.
+Then each codec's bytes per clip projected to Kinetics' training sets. Last,
+the video codecs' encoding with one encoder per video, as a conversion
+runs it, against a fresh encoder per clip, in interleaved rounds.
 
 Run it from the repository root; docs/benchmarks.md records its tables.
 """
@@ -263,6 +265,37 @@ def _fmt_psnr(value: float) -> str:
     return "lossless" if math.isinf(value) else f"{value:.2f}"
 
 
+def encode_ways(codec: Codec, clips: list[np.ndarray], videos: list[str], rounds: int) -> tuple[float, float]:
+    """Best CPU ms a frame of encoding every clip with one encoder per video (as a conversion does) and with a
+    fresh encoder per clip (``codec.encode``), in interleaved rounds on this thread."""
+    groups = [[clip for _, clip in group] for _, group in itertools.groupby(zip(videos, clips), key=lambda p: p[0])]
+    frames = sum(c.shape[0] for c in clips)
+    best = [math.inf, math.inf]
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        for video in groups:
+            with codec.encoder() as encoder:
+                for clip in video:
+                    encoder.encode(clip)
+        t1 = time.thread_time()
+        for clip in clips:
+            codec.encode(clip)
+        t2 = time.thread_time()
+        best = [min(best[0], (t1 - t0) / frames * 1e3), min(best[1], (t2 - t1) / frames * 1e3)]
+    return best[0], best[1]
+
+
+def print_encode_ways(clips: list[np.ndarray], videos: list[str], rounds: int) -> None:
+    print(f"\nencoding, CPU ms/frame, best of {rounds} interleaved rounds: one encoder per video (a keyframe at each "
+          f"clip's start) against a fresh encoder per clip; {len(clips)} clips of {len(set(videos))} videos\n")
+    print(f"| {'codec':22} | {'per video':>9} | {'per clip':>8} | {'ratio':>5} |")
+    print(f"|{'-' * 24}|{'-' * 11}|{'-' * 10}|{'-' * 7}|")
+    for name in ("h264", "vp9"):
+        codec = get_codec(name)
+        per_video, per_clip = encode_ways(codec, clips, videos, rounds)
+        print(f"| {row_label(codec):22} | {per_video:9.3f} | {per_clip:8.3f} | {per_video / per_clip:5.2f} |")
+
+
 def print_tables(rows: list[Row], rates: dict[str, list[float]], clips: list[np.ndarray],
                  threads: int, rounds: int, title: str) -> None:
     frames = sum(c.shape[0] for c in clips)
@@ -337,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = decode_rates(rows, clips[0].shape, args.threads, args.rounds)
     used = ", ".join(names or video_names(args.shared))
     print_tables(rows, rates, clips, args.threads, args.rounds, f"raw conversion of {used}")
+    print_encode_ways(clips, videos, args.rounds)
     return 0
 
 
