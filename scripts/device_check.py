@@ -27,9 +27,13 @@ clips (an odd width: coded 172 wide, cropped back), their payloads decoded by
 the DALI graph the loaders use (``loaders.dali.graphs``; "mixed": NVDEC) with
 1 and 4 pipelines side by side, in clips/s, and the decoded clips against
 ``open_clips``' CPU decode: max and mean absolute error, the check failing
-when the mean exceeds ``NVDEC_MEAN_TOLERANCE``. ``--smoke`` runs the same rows
-on DALI's CPU backend, where vp9 must equal ``open_clips`` exactly and h264
-is skipped (DALI has no CPU H.264 decoder).
+when the mean exceeds ``NVDEC_MEAN_TOLERANCE``; and the "model" columns, the
+decoded clips against ``nvdec_model`` (DALI's GPU colour conversion computed
+on the CPU): 0 there means the GPU's pixels are understood exactly.
+``--smoke`` runs the same rows on DALI's CPU backend, where vp9 must equal
+``open_clips`` exactly and h264 is skipped (DALI has no CPU H.264 decoder);
+its model columns are the model against ``open_clips``, the difference the
+GPU is expected to show.
 """
 
 from __future__ import annotations
@@ -59,8 +63,9 @@ from train.main import run_argv  # noqa: E402
 from train.models import MODELS, flops_per_clip  # noqa: E402
 
 # Grey levels of mean absolute error allowed between a GPU-decoded video clip and open_clips' CPU decode: NVDEC's
-# pixels go through DALI's own YUV-to-RGB kernel, not FORMAT.md's libswscale conversion, so they may differ at
-# chroma edges; a wrong matrix or range would move the mean by far more. The CPU backend is held to 0.
+# pixels go through DALI's own YUV-to-RGB kernel, not FORMAT.md's libswscale conversion, so they differ by its
+# rounding (nvdec_model predicts how much: docs/benchmarks.md); a wrong matrix or range would move the mean by
+# far more. The CPU backend is held to 0.
 NVDEC_MEAN_TOLERANCE = 1.0
 NVDEC_CODECS = ("h264", "vp9")
 NVDEC_PIPELINES = (1, 4)
@@ -123,6 +128,46 @@ def _clips_per_s(items: list, graph, *, pipelines: int, batch: int, device_id: i
     return round(rate, 1)
 
 
+def _upsample_centred(plane: np.ndarray) -> np.ndarray:
+    """A 4:2:0 chroma plane at full size as DALI's GPU kernel samples it: bilinear, chroma sited at the centre of
+    each 2x2 block (weights 1/4 and 3/4 from the nearer neighbours, edges clamped), rounded to uint8."""
+    def along(a: np.ndarray, axis: int) -> np.ndarray:
+        n = a.shape[axis]
+        before = np.take(a, np.clip(np.arange(n) - 1, 0, n - 1), axis=axis)
+        after = np.take(a, np.clip(np.arange(n) + 1, 0, n - 1), axis=axis)
+        pair = np.stack([0.25 * before + 0.75 * a, 0.75 * a + 0.25 * after], axis=axis + 1)
+        shape = list(a.shape)
+        shape[axis] *= 2
+        return pair.reshape(shape)
+
+    return np.clip(np.rint(along(along(plane.astype(np.float32), 0), 1)), 0, 255)
+
+
+def nvdec_model(codec, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    """What DALI's GPU video decoder should return for a video payload, computed on the CPU.
+
+    NVDEC's YUV is the bitstream's, bit for bit (H.264 and VP9 decoding is
+    exact), so the pictures are decoded here by FFmpeg; DALI's kernel then
+    converts a full-range picture with the JPEG (BT.601 full range) matrix in
+    float: luma taken as it is, chroma as ``_upsample_centred``, the result
+    rounded. Set beside ``open_clips``' libswscale decode, this says how far
+    the GPU may differ from FORMAT.md's pixels before any GPU has run
+    (docs/benchmarks.md), and on a GPU whether its output is this model.
+    """
+    import av
+
+    cc = av.CodecContext.create(codec.decoder_name, "r")
+    out = np.empty(shape, np.uint8)
+    frames = [f for packet in [*codec.coded_frames(payload, cc), None] for f in cc.decode(packet)]
+    for k, frame in enumerate(frames):
+        y, u, v = (np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:p.height, :p.width] for p in frame.planes)
+        cb, cr = _upsample_centred(u) - 128, _upsample_centred(v) - 128
+        luma = y.astype(np.float32)
+        rgb = np.stack([luma + 1.402 * cr, luma - 0.344136 * cb - 0.714136 * cr, luma + 1.772 * cb], -1)
+        out[k] = np.clip(np.rint(rgb), 0, 255).astype(np.uint8)[:shape[1], :shape[2]]
+    return out
+
+
 def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -> dict:
     """One codec's NVDEC row: decoded clips against ``open_clips``' decode, then clips/s per pipeline count."""
     from convert.store import open_clips
@@ -137,7 +182,10 @@ def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -
     store.visit(range(len(store)), lambda _, header, payload: items.append((header, bytes(payload))))
     # Values: every clip once, in order, against the CPU decode of FORMAT.md.
     pipe = _decode_pipe(items, graph, batch=batch, device_id=device_id)
+    # The GPU's decode is also set against nvdec_model's (what DALI's kernel should give): on the CPU backend,
+    # the model against open_clips instead, the difference the GPU is expected to show.
     worst, total, count = 0, 0.0, 0
+    model_worst, model_total = 0, 0.0
     for k in range(0, len(items), batch):
         (out,) = pipe.run()
         out = out.as_cpu() if device_id is not None else out
@@ -149,9 +197,13 @@ def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -
                 return {"codec": codec, "error": f"decoded {got.shape}, open_clips {want.shape}"}
             diff = np.abs(got - want)
             worst, total, count = max(worst, int(diff.max())), total + float(diff.sum()), count + diff.size
+            model = nvdec_model(store.codec, payload, header.shape).astype(np.int16)
+            off = np.abs(model - (got if device_id is not None else want))
+            model_worst, model_total = max(model_worst, int(off.max())), model_total + float(off.sum())
     del pipe
     mean = total / max(count, 1)
-    row: dict = {"codec": codec, "clips": len(items), "max_abs": worst, "mean_abs": round(mean, 4)}
+    row: dict = {"codec": codec, "clips": len(items), "max_abs": worst, "mean_abs": round(mean, 4),
+                 "model_max_abs": model_worst, "model_mean_abs": round(model_total / max(count, 1), 4)}
     allowed = 0.0 if device_id is None else NVDEC_MEAN_TOLERANCE
     if mean > allowed or (device_id is None and worst):
         row["error"] = f"{codec}: decoded clips differ from open_clips by mean {mean:.3f} (max {worst}), " \
@@ -178,12 +230,13 @@ def nvdec_rows(work: str, *, device_id: int | None, cores: int, smoke: bool) -> 
 
 def nvdec_table(rows: list[dict]) -> str:
     counts = " | ".join(f"clips/s, {n} pipeline{'s' if n > 1 else ''}" for n in NVDEC_PIPELINES)
-    lines = [f"| codec | clips | max abs error | mean abs error | {counts} | note |",
-             "|" + "---|" * (5 + len(NVDEC_PIPELINES))]
+    lines = [f"| codec | clips | max abs error | mean abs error | model: max | model: mean | {counts} | note |",
+             "|" + "---|" * (7 + len(NVDEC_PIPELINES))]
     for r in rows:
         speeds = " | ".join(str(r.get(f"clips_s_{n}", "-")) for n in NVDEC_PIPELINES)
         lines.append(f"| {r['codec']} | {r.get('clips', '-')} | {r.get('max_abs', '-')} | {r.get('mean_abs', '-')} | "
-                     f"{speeds} | {r.get('error', '')} |")
+                     f"{r.get('model_max_abs', '-')} | {r.get('model_mean_abs', '-')} | {speeds} | "
+                     f"{r.get('error', '')} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import pytest
 from convert.format import FormatError, codec_for_id, get_codec, read_manifest
 from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, coded_size
 
+from .conftest import load_script
 from .convert_helpers import run_cli
 from .videos import pattern
 
@@ -105,6 +106,17 @@ def test_an_encoder_that_holds_frames_back_is_an_error_not_a_short_clip(clip):
 
     with pytest.raises(FormatError, match="libx264 gave 15 packets for a clip of 16 frames"):
         Delayed().encode(clip)
+
+
+@pytest.mark.parametrize("name", VIDEO_CODECS)
+def test_the_model_of_dalis_gpu_conversion_is_within_one_grey_level_of_format_md(name, clip):
+    # scripts/device_check.py's nvdec_model: DALI's GPU YUV-to-RGB kernel on FFmpeg's (exact) pictures. Its
+    # difference from FORMAT.md's libswscale pixels is what a GPU decode is expected to show: rounding only.
+    codec = get_codec(name)
+    payload = bytes(codec.encode(clip))
+    model = load_script("device_check").nvdec_model(codec, payload, clip.shape).astype(np.int16)
+    diff = np.abs(model - codec.decode(payload, clip.shape))
+    assert diff.max() <= 1 and 0 < diff.mean() < 0.5
 
 
 def test_payloads_are_what_format_md_says(clip):

@@ -212,7 +212,10 @@ def test_device_check_smoke(tiny_data, tmp_path, capsys):
         vp9 = nvdec["vp9"]
         assert "error" not in vp9 and vp9["max_abs"] == 0 and vp9["clips"] > 0
         assert vp9["clips_s_1"] > 0 and vp9["clips_s_4"] > 0
-        assert f"| vp9 | {vp9['clips']} | 0 | 0.0 | {vp9['clips_s_1']} | {vp9['clips_s_4']} |  |" in stdout
+        # The model of DALI's GPU conversion against open_clips: the GPU's expected difference, one grey level.
+        assert vp9["model_max_abs"] <= 1 and 0 < vp9["model_mean_abs"] < 0.5
+        assert f"| vp9 | {vp9['clips']} | 0 | 0.0 | {vp9['model_max_abs']} | {vp9['model_mean_abs']} | " \
+               f"{vp9['clips_s_1']} | {vp9['clips_s_4']} |  |" in stdout
 
 
 def test_demo_plumbing_on_tiny_data(tiny_data, tmp_path, capsys):
