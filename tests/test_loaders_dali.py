@@ -397,6 +397,33 @@ def test_video_graph_crops_the_even_coded_frames_back_to_the_stored_size(shards)
     del pipe
 
 
+def test_dali_opens_an_h264_payload_from_memory_and_finds_its_h264_stream(shards, capfd):
+    """What can be checked of the GPU route without a GPU: DALI's video decoder opens a stored Annex-B payload from
+    memory and identifies its H.264 stream, so only the decoding is left to NVDEC. The CPU variant then refuses it
+    by its codec (DALI has no CPU H.264 decoder, and says so in its log): a refusal naming h264, which bytes that
+    are not a video do not get."""
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    store = open_clips(shards["h264"])
+    (_, payload), = payloads(store, range(1))
+    logs = []
+    for data in (payload, bytes(range(256)) * 8):
+        batch = [np.frombuffer(data, np.uint8)]
+        pipe = Pipeline(batch_size=1, num_threads=1, device_id=None, exec_dynamic=True)
+        with pipe:
+            pipe.set_outputs(fn.decoders.video(fn.external_source(
+                source=lambda: batch, dtype=types.DALIDataType.UINT8, ndim=1), device="cpu"))
+        pipe.build()
+        with pytest.raises(RuntimeError, match="Failed to create video decoder"):
+            pipe.run()
+        del pipe
+        captured = capfd.readouterr()
+        logs.append(captured.out + captured.err)
+    assert "(h264) is not supported by the CPU variant" in logs[0]
+    assert "h264" not in logs[1]
+
+
 def test_missing_dali_is_a_one_line_import_error_and_loaders_never_imports_it():
     code = (
         "import sys\n"
