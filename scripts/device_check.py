@@ -30,6 +30,10 @@ the DALI graph the loaders use (``loaders.dali.graphs``; "mixed": NVDEC) with
 when the mean exceeds ``NVDEC_MEAN_TOLERANCE``; and the "model" columns, the
 decoded clips against ``nvdec_model`` (DALI's GPU colour conversion computed
 on the CPU): 0 there means the GPU's pixels are understood exactly.
+A last row feeds the same h264 clips muxed into mp4 (``h264_in_mp4``): if
+DALI's GPU decoder refuses the bare Annex-B stream, the same session says
+whether the container form, a new codec id, would do. A row whose decoding
+raises says so in one line and the check goes on to the trainer.
 ``--smoke`` runs the same rows on DALI's CPU backend, where vp9 must equal
 ``open_clips`` exactly and h264 is skipped (DALI has no CPU H.264 decoder);
 its model columns are the model against ``open_clips``, the difference the
@@ -44,6 +48,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -168,8 +173,39 @@ def nvdec_model(codec, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -> dict:
-    """One codec's NVDEC row: decoded clips against ``open_clips``' decode, then clips/s per pipeline count."""
+def h264_in_mp4(payload: bytes) -> bytes:
+    """An h264 payload's access units muxed into an mp4 file in memory (timestamps 0, 1, 2... at 25 per second),
+    the same coded pictures: the form a new codec id would store if DALI's GPU decoder did not take the bare
+    Annex-B stream."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    from convert.format.video import H264Codec
+
+    units = [bytes(p) for p in H264Codec().coded_frames(payload, av.CodecContext.create("h264", "r"))]
+    with av.open(io.BytesIO(payload), format="h264") as probe:
+        width, height = probe.streams.video[0].codec_context.width, probe.streams.video[0].codec_context.height
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4", options={"fflags": "+bitexact"}) as mp4:
+        stream = mp4.add_stream("h264", rate=25)
+        stream.width, stream.height = width, height
+        for i, unit in enumerate(units):
+            packet = av.Packet(unit)
+            packet.stream, packet.pts, packet.dts, packet.time_base = stream, i, i, Fraction(1, 25)
+            packet.is_keyframe = i == 0
+            mp4.mux(packet)
+    return out.getvalue()
+
+
+def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float,
+              wrap: Callable[[bytes], bytes] | None = None,
+              label: str | None = None) -> dict:
+    """One codec's NVDEC row: decoded clips against ``open_clips``' decode, then clips/s per pipeline count.
+
+    ``wrap`` (with its ``label``) feeds DALI each payload rewrapped (``h264_in_mp4``), compared with the same
+    references: a probe of another stream form, not the format's."""
     from convert.store import open_clips
     from loaders.dali.graphs import graph_for
 
@@ -177,11 +213,13 @@ def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -
     codec = store.manifest.data.codec
     graph = graph_for(store.codec)
     if device_id is None and not graph.cpu:
-        return {"codec": codec, "error": "skipped: DALI decodes it on the GPU only"}
+        return {"codec": label or codec, "error": "skipped: DALI decodes it on the GPU only"}
     items: list = []
     store.visit(range(len(store)), lambda _, header, payload: items.append((header, bytes(payload))))
+    fed = items if wrap is None else [(header, wrap(payload)) for header, payload in items]
+    codec = label or codec
     # Values: every clip once, in order, against the CPU decode of FORMAT.md.
-    pipe = _decode_pipe(items, graph, batch=batch, device_id=device_id)
+    pipe = _decode_pipe(fed, graph, batch=batch, device_id=device_id)
     # The GPU's decode is also set against nvdec_model's (what DALI's kernel should give): on the CPU backend,
     # the model against open_clips instead, the difference the GPU is expected to show.
     worst, total, count = 0, 0.0, 0
@@ -209,22 +247,38 @@ def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float) -
         row["error"] = f"{codec}: decoded clips differ from open_clips by mean {mean:.3f} (max {worst}), " \
                        f"allowed mean {allowed:g}"
     for n in NVDEC_PIPELINES:
-        row[f"clips_s_{n}"] = _clips_per_s(items, graph, pipelines=n, batch=batch, device_id=device_id,
+        row[f"clips_s_{n}"] = _clips_per_s(fed, graph, pipelines=n, batch=batch, device_id=device_id,
                                            seconds=seconds)
     return row
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: DALI's errors run over many (pipeline, operator, C++ context)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: " + " | ".join(lines)[:400]
+
+
 def nvdec_rows(work: str, *, device_id: int | None, cores: int, smoke: bool) -> list[dict]:
-    """The NVDEC rows: an h264 and a vp9 conversion of the same small synthetic set, one row each."""
+    """The NVDEC rows: an h264 and a vp9 conversion of the same small synthetic set, one row each, then the h264
+    payloads in mp4 (a probe, so that one GPU session says whether that form would do if the bare stream fails).
+
+    A row whose decoding raises records the error in one line and the check goes on: the trainer's rows after
+    them are worth the device time whatever NVDEC does."""
     roots = synthetic_conversions(work, {f"nvdec_{c}": ConvertConfig(codec=c) for c in NVDEC_CODECS},
                                   per_class=1 if smoke else 2, seconds=1.2 if smoke else 4.0, videos="videos-nvdec",
                                   workers=cores)
+    runs: list[tuple[str, str, Callable[[bytes], bytes] | None]] = [
+        (codec, roots[f"nvdec_{codec}"], None) for codec in NVDEC_CODECS]
+    runs.append(("h264 in mp4 (probe)", roots["nvdec_h264"], h264_in_mp4))
     rows = []
-    for codec in NVDEC_CODECS:
-        row = nvdec_row(roots[f"nvdec_{codec}"], device_id=device_id, batch=4 if smoke else 16,
-                        seconds=0.5 if smoke else 3.0)
+    for label, root, wrap in runs:
+        try:
+            row = nvdec_row(root, device_id=device_id, batch=4 if smoke else 16, seconds=0.5 if smoke else 3.0,
+                            wrap=wrap, label=label)
+        except (RuntimeError, ValueError, OSError) as exc:  # DALI's errors are RuntimeErrors
+            row = {"codec": label, "error": one_line(exc)}
         rows.append(row)
-        print(f"  nvdec {codec:<5} " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "codec"), flush=True)
+        print(f"  nvdec {label:<5} " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "codec"), flush=True)
     return rows
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from convert.format import FormatError, codec_for_id, get_codec, read_manifest
-from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, coded_size
+from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, coded_size, rgb_into
 
 from .conftest import load_script
 from .convert_helpers import run_cli
@@ -117,6 +117,42 @@ def test_the_model_of_dalis_gpu_conversion_is_within_one_grey_level_of_format_md
     model = load_script("device_check").nvdec_model(codec, payload, clip.shape).astype(np.int16)
     diff = np.abs(model - codec.decode(payload, clip.shape))
     assert diff.max() <= 1 and 0 < diff.mean() < 0.5
+
+
+def test_the_device_checks_mp4_probe_holds_the_same_pictures(clip):
+    # scripts/device_check.py's h264_in_mp4: the stored stream's access units in an mp4 file, which FFmpeg's mp4
+    # demuxer decodes to open_clips' frames (the probe compares a GPU's decode of it with those).
+    import io
+
+    import av
+
+    payload = bytes(get_codec("h264").encode(clip))
+    mp4 = load_script("device_check").h264_in_mp4(payload)
+    assert mp4[4:8] == b"ftyp"
+    out = np.empty(clip.shape, np.uint8)
+    with av.open(io.BytesIO(mp4), format="mp4") as container:
+        frames = list(container.decode(video=0))
+    assert len(frames) == 16
+    for k, frame in enumerate(frames):
+        rgb_into(frame, out[k])
+    assert np.array_equal(out, get_codec("h264").decode(payload, clip.shape))
+
+
+def test_a_failing_nvdec_row_is_one_line_and_the_check_goes_on(monkeypatch):
+    check = load_script("device_check")
+    monkeypatch.setattr(check, "synthetic_conversions", lambda work, configs, **kw: {k: f"/x/{k}" for k in configs})
+
+    def row(root, *, label, **kw):
+        if label == "h264":
+            raise RuntimeError("Critical error in pipeline:\nError in MIXED operator\nAssert failed: no stream")
+        return {"codec": label, "clips": 1}
+
+    monkeypatch.setattr(check, "nvdec_row", row)
+    rows = check.nvdec_rows("/unused", device_id=0, cores=1, smoke=True)
+    assert [r["codec"] for r in rows] == ["h264", "vp9", "h264 in mp4 (probe)"]
+    assert rows[0]["error"] == ("RuntimeError: Critical error in pipeline: | Error in MIXED operator | "
+                                "Assert failed: no stream")
+    assert "error" not in rows[1] and "error" not in rows[2]
 
 
 def test_payloads_are_what_format_md_says(clip):

@@ -209,6 +209,7 @@ def test_device_check_smoke(tiny_data, tmp_path, capsys):
     if dali_missing() is None:  # the NVDEC rows on DALI's CPU backend: vp9 exact, h264 skipped (GPU only)
         nvdec = {r["codec"]: r for r in result["nvdec"]}
         assert nvdec["h264"]["error"] == "skipped: DALI decodes it on the GPU only"
+        assert nvdec["h264 in mp4 (probe)"]["error"] == "skipped: DALI decodes it on the GPU only"
         vp9 = nvdec["vp9"]
         assert "error" not in vp9 and vp9["max_abs"] == 0 and vp9["clips"] > 0
         assert vp9["clips_s_1"] > 0 and vp9["clips_s_4"] > 0
