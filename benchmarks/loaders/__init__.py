@@ -1,14 +1,15 @@
 """``python -m benchmarks.loaders``: clips/s of every reader on the same synthetic clips, in one run.
 
 Run from the repository root. It builds (or reuses, under ``--root``)
-synthetic videos and their raw, lz4 and jpeg conversions on both backends,
-then times random 112 crops of 16-frame clips at one batch size: through
+synthetic videos and their raw, lz4 and jpeg conversions on both backends
+(and h264 and vp9 on LMDB), then times random 112 crops of 16-frame clips at one batch size: through
 ``build_loader`` with 0, 1 and 2 DataLoader workers and with 1, 2 and
 one-per-core reader threads (``threads=N``); ``--sections engines`` adds the
 threaded reads on torchdata.nodes and SPDL against the hand-written pool:
 
   on-the-fly   OnTheFlyVideoDataset: PyAV decode in __getitem__ (the baseline)
   lmdb raw/lz4/jpeg   ClipDataset on each codec's LMDB shards
+  lmdb h264/vp9   the same on the video codecs' (FFmpeg's decoding on the CPU)
   dali native raw/jpeg   DaliTFRecordLoader on the TFRecord shards: DALI's own
                reader, decoder and crop on DALI's CPU backend (here "workers"
                are DALI's CPU threads, at least 1; each epoch's first batch,

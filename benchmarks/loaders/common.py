@@ -29,6 +29,7 @@ from loaders import ClipDataset, DistributedClipSampler, build_loader
 from loaders.dataset import _batch_array
 
 CODECS = ("raw", "lz4", "jpeg")
+VIDEO_CODECS = ("h264", "vp9")  # LMDB only, read through build_loader: the CPU's video decoding in a reader
 BACKENDS = ("lmdb", "tfrecord")
 N_CLASSES = 5  # convert.synth makes five motion classes
 ON_THE_FLY = "on-the-fly PyAV"  # the baseline row: DataLoader workers only (it has no threaded variant)
@@ -92,13 +93,14 @@ def _as_is(batch: Any) -> Any:
 def build_data(root: str, videos: int, workers: int) -> dict[str, str]:
     """Synthetic videos under root/videos and one conversion per backend and codec; reused when present.
 
-    Keys: ``videos``, the codec names (LMDB) and ``tfrecord_<codec>``.
+    Keys: ``videos``, the codec names (LMDB; the video codecs too) and ``tfrecord_<codec>``.
     """
     from convert.synth import synthetic_conversions
     from convert.worker.plan import ConvertConfig
 
     configs = {codec if backend == "lmdb" else f"{backend}_{codec}": ConvertConfig(backend=backend, codec=codec)
                for backend in BACKENDS for codec in CODECS}
+    configs |= {codec: ConvertConfig(codec=codec) for codec in VIDEO_CODECS}
     return synthetic_conversions(root, configs, per_class=max(1, math.ceil(videos / N_CLASSES)), seconds=2.0,
                                  workers=workers)
 
@@ -189,6 +191,8 @@ def loader_datasets(paths: dict[str, str]) -> dict[str, DatasetMaker]:
         "lmdb raw": (lambda: ClipDataset(paths["raw"], train=True), None),
         "lmdb lz4": (lambda: ClipDataset(paths["lz4"], train=True), None),
         "lmdb jpeg": (lambda: ClipDataset(paths["jpeg"], train=True), None),
+        "lmdb h264": (lambda: ClipDataset(paths["h264"], train=True), None),
+        "lmdb vp9": (lambda: ClipDataset(paths["vp9"], train=True), None),
         "read+copy bound (raw)": (lambda: ReadCopyDataset(paths["raw"]), _as_is),
     }
 
@@ -253,6 +257,6 @@ def _read_ahead(root: str) -> str:
         return "?"
 
 
-__all__ = ["BACKENDS", "CODECS", "EPOCH_DRAWS", "N_CLASSES", "ON_THE_FLY", "Config", "DatasetMaker",
+__all__ = ["BACKENDS", "CODECS", "VIDEO_CODECS", "EPOCH_DRAWS", "N_CLASSES", "ON_THE_FLY", "Config", "DatasetMaker",
            "ReadCopyDataset", "Results", "Rounds", "build_data", "loader_datasets", "measure", "paired", "run_rounds",
            "steady_sampler", "thread_counts", "timed"]

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from convert.store import open_clips
 from loaders import ClipPreset
 
-from .common import BACKENDS, CODECS, Config, DatasetMaker, Results, timed
+from .common import BACKENDS, CODECS, VIDEO_CODECS, Config, DatasetMaker, Results, timed
 
 
 class TFRecordPackageDataset(IterableDataset):
@@ -143,17 +143,18 @@ def disk_table(paths: dict[str, str]) -> list[str]:
     header = (f"{'backend':9s} {'codec':5s} {'clips':>6s} {'value B/clip':>13s} {'disk B/clip':>12s} "
               f"{'x source':>9s} {'x raw':>7s}")
     lines = [header]
-    raw_disk = None
-    for backend in BACKENDS:
-        for codec in CODECS:
-            root = paths[codec if backend == "lmdb" else f"{backend}_{codec}"]
-            totals = open_clips(root).manifest.totals
-            clips = totals.clips
-            disk = _allocated(os.path.join(root, "shards")) / clips
-            raw_disk = disk if codec == "raw" else raw_disk
-            assert raw_disk is not None  # raw comes first in CODECS
-            lines.append(f"{backend:9s} {codec:5s} {clips:6d} {totals.value_bytes / clips:13,.0f} "
-                         f"{disk:12,.0f} {disk / (src / clips):8.1f}x {disk / raw_disk:6.2f}x")
+    raw_disk: dict[str, float] = {}  # by backend ("x raw": against the same backend's raw conversion)
+    rows = [(backend, codec) for backend in BACKENDS for codec in CODECS]
+    rows += [("lmdb", codec) for codec in VIDEO_CODECS if codec in paths]
+    for backend, codec in rows:  # raw first on each backend (CODECS)
+        root = paths[codec if backend == "lmdb" else f"{backend}_{codec}"]
+        totals = open_clips(root).manifest.totals
+        clips = totals.clips
+        disk = _allocated(os.path.join(root, "shards")) / clips
+        if codec == "raw":
+            raw_disk[backend] = disk
+        lines.append(f"{backend:9s} {codec:5s} {clips:6d} {totals.value_bytes / clips:13,.0f} "
+                     f"{disk:12,.0f} {disk / (src / clips):8.1f}x {disk / raw_disk[backend]:6.2f}x")
     clips = open_clips(paths["raw"]).manifest.totals.clips
     lines.append(f"{'source':9s} {'h264':5s} {clips:6d} {'':>13s} {src / clips:12,.0f} {1.0:8.1f}x")
     return lines
