@@ -116,16 +116,28 @@ def yuv_frames(clip: np.ndarray) -> list[av.VideoFrame]:
     return frames
 
 
+def _as_yuv420p(frame: av.VideoFrame) -> av.VideoFrame:
+    """A yuvj420p frame's planes in a new yuv420p frame, copied plane to plane (rows cropped to the picture: the
+    two frames' row strides differ), which costs less than a round trip through one contiguous array."""
+    import av
+
+    out = av.VideoFrame(frame.width, frame.height, "yuv420p")
+    for dst, src in zip(out.planes, frame.planes):
+        into = np.frombuffer(memoryview(dst), np.uint8).reshape(-1, dst.line_size)
+        rows = np.frombuffer(memoryview(src), np.uint8).reshape(-1, src.line_size)
+        into[:dst.height, :dst.width] = rows[:src.height, :src.width]
+    return out
+
+
 def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
     """A decoded frame as RGB (FORMAT.md's conversion), cropped to ``out``'s (H, W) and written into it."""
-    import av
 
     if frame.format.name != "yuv420p":
         # H.264 decoders report full range as the deprecated "yuvj420p", which libswscale converts differently
         # from yuv420p with full range given; the same planes relabelled convert as FORMAT.md says.
         if frame.format.name != "yuvj420p":
             raise FormatError(f"decoded frame is {frame.format.name}, the format allows yuv420p only")
-        frame = av.VideoFrame.from_ndarray(frame.to_ndarray(), format="yuv420p")
+        frame = _as_yuv420p(frame)
     sws = _sws()
     rgb = sws.to_rgb.reformat(frame, format="rgb24", src_colorspace=sws.bt601, src_color_range=sws.full,
                               interpolation=sws.decode_flags, threads=1).to_ndarray()
