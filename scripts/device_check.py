@@ -159,12 +159,8 @@ def nvdec_model(codec, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
     the GPU may differ from FORMAT.md's pixels before any GPU has run
     (docs/benchmarks.md), and on a GPU whether its output is this model.
     """
-    import av
-
-    cc = av.CodecContext.create(codec.decoder_name, "r")
     out = np.empty(shape, np.uint8)
-    frames = [f for packet in [*codec.coded_frames(payload, cc), None] for f in cc.decode(packet)]
-    for k, frame in enumerate(frames):
+    for k, frame in enumerate(codec.pictures(payload, shape)):
         y, u, v = (np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[:p.height, :p.width] for p in frame.planes)
         cb, cr = _upsample_centred(u) - 128, _upsample_centred(v) - 128
         luma = y.astype(np.float32)

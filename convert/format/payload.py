@@ -78,7 +78,7 @@ class ClipEncoder:
 
     A codec that codes each clip on its own (raw, lz4, jpeg) keeps nothing
     between clips. A video codec keeps one encoder open for the whole video,
-    since opening one costs about as much as coding a clip; each clip still
+    since opening one costs as much as coding a few frames; each clip still
     starts with a keyframe and refers to nothing before it, so it decodes
     alone. A clip's bytes may then depend on the clips before it in its
     video, which is why a video is always encoded from its first clip (a

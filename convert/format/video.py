@@ -6,7 +6,7 @@ one closed group of pictures: the first frame is a keyframe and no frame
 refers outside the clip; a temporal window is decoded from the clip's start
 and the frames before it dropped. A conversion keeps one encoder open for
 the clips of a video (``VideoClipEncoder``), a keyframe forced at each
-clip's start: opening an encoder costs about as much as coding a clip.
+clip's start: opening an encoder costs as much as coding a few frames.
 
 What the payload is (FORMAT.md, *Video payloads*), so that FFmpeg alone, or
 DALI's video decoder, reads it from memory:
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -200,11 +201,11 @@ class VideoCodec(Codec):
         """The payload split into the packets decoder ``cc`` is fed (FormatError where it cannot be)."""
         raise NotImplementedError
 
-    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
-               out: np.ndarray | None = None) -> np.ndarray:
+    def pictures(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> Iterator[av.VideoFrame]:
+        """The payload's decoded pictures (YUV, coded size), in order, each checked against the clip's coded size
+        and their count against its T: a damaged or foreign payload is a FormatError in one line."""
         import av
 
-        out = _window_out(shape, t0, t, out)
         cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder_name, "r"))
         cc.thread_count = 1
         # A damaged bitstream is an error, not frames concealed from their neighbours.
@@ -218,13 +219,24 @@ class VideoCodec(Codec):
                     if (frame.height, frame.width) != (height, width):
                         raise FormatError(f"{self.name} frame {n} is {frame.height}x{frame.width}, the clip's "
                                           f"{shape[1]}x{shape[2]} is coded at {height}x{width}")
-                    if t0 <= n < t0 + t:
-                        rgb_into(frame, out[n - t0])
+                    yield frame
                     n += 1
         except av.FFmpegError as exc:
             raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
         if n != shape[0]:
             raise FormatError(f"{self.name} payload decodes to {n} frames, header says {shape[0]}")
+
+    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+        import av
+
+        out = _window_out(shape, t0, t, out)
+        for n, frame in enumerate(self.pictures(payload, shape)):
+            if t0 <= n < t0 + t:
+                try:
+                    rgb_into(frame, out[n - t0])
+                except av.FFmpegError as exc:  # libswscale's, said as pictures() says the decoder's
+                    raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
         return out
 
 
@@ -290,8 +302,8 @@ class H264Codec(VideoCodec):
     # bytes now and then in a shard process (a rerun must write the same bytes); without it, never in the
     # runs tried (docs/benchmarks.md has its cost in bytes, which a higher default CRF takes back).
     # partitions=none: no sub-macroblock partitions to search, a good part of the encoder's time for few bytes.
-    # rc-lookahead=0 (with mbtree off it decides nothing here) and forced-idr: each frame comes out as it goes in,
-    # and the keyframe forced at a clip's start is an IDR picture (VideoClipEncoder).
+    # force-cfr: each frame comes out as it goes in (without it x264 holds one back to time it); forced-idr: the
+    # keyframe forced at a clip's start is an IDR picture (VideoClipEncoder).
     encoder_options: ClassVar[dict[str, str]] = {"preset": "veryfast", "bf": "0", "g": "9999",
                                                  "sc_threshold": "0", "forced-idr": "1",
                                                  "x264-params": "mbtree=0:partitions=none:force-cfr=1"}
