@@ -104,7 +104,8 @@ class HevcCodec(_FreshEncoderPerClip):
     def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
         return b"".join(packets)
 
-    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
+                     shape: tuple[int, ...]) -> list[av.Packet]:
         return [*cc.parse(bytes(payload)), *cc.parse(None)]
 
 
@@ -121,7 +122,8 @@ class Av1Codec(_FreshEncoderPerClip):
     def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
         return _pack_parts(packets)
 
-    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
+                     shape: tuple[int, ...]) -> list[av.Packet]:
         import av
 
         view = memoryview(payload)

@@ -30,7 +30,18 @@ has no file, as every real copy of Kinetics lacks some. For each N of
 * opening the conversion as a URL (``file://``) through a fresh shard cache:
   wall time, heap growth, the shard data it downloaded (none: each shard is
   indexed from its small index files, LMDB's ``index.json`` here) and the
-  bytes of those index files.
+  bytes of those index files;
+* shard start-up (``--shard-starts K``, its own table; ``--only-shard-starts``
+  measures nothing else): on a plan of N videos in shards of 1,000 (written
+  alone, no videos needed), K real shard processes started as the job starts
+  them (``convert.job.supervise``, forked from the fork server) under
+  ``--max-memory`` and without a limit, each way: sent its own shard's part of
+  the plan (what the job does), and also parsing the whole plan.json first
+  (what every shard process did before: ``parse_whole_plan``, put in through
+  the shard hook at the very point the old code parsed it). Per way, the time
+  from the start to the process's "ready", its peak RSS (``VmHWM``) and that
+  less the fork server's RSS (what its children share), or the error it
+  died of.
 
 Then the growth of each stage: the exponent of N between the smallest and
 the largest size (1 is linear), its cost per video at the largest, and a
@@ -52,6 +63,10 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from convert.worker.plan import Plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -249,7 +264,7 @@ def synthesise(csv: str, videos: str, out: str, *, shards: int) -> None:
     clip = np.zeros((*TINY, 3), dtype=np.uint8)
     summaries = []
     for index, items in enumerate(plan.shards):
-        writer = open_writer(out, plan, index)
+        writer = open_writer(out, plan.shard(index))
         try:
             for item in items:
                 def produce(item=item):
@@ -261,6 +276,117 @@ def synthesise(csv: str, videos: str, out: str, *, shards: int) -> None:
         finally:
             writer.close()
     finalize(out, plan, summaries)
+
+
+VIDEOS_PER_SHARD = 1000  # the plan's shard size at Kinetics' scale (``default_shards``)
+_whole_plan = None  # what ``parse_whole_plan`` parsed, held for the process's life as the old shard process did
+
+
+def parse_whole_plan() -> None:
+    """The shard hook (``CONVERT_SHARD_HOOK``) of the rows that parse the whole plan: what a shard process did
+    before it was sent its own part, at the same point of its start (after ``--max-memory`` is applied): read
+    OUT's plan.json as it did then (``json.load``, ``Plan.from_dict``) and keep it."""
+    global _whole_plan
+    from convert.format import PLAN
+    from convert.worker.plan import Plan
+
+    out = sys.argv[1]  # the shard process's arguments: OUT, the shard's index, its options
+    with open(os.path.join(out, PLAN)) as fh:
+        _whole_plan = Plan.from_dict(json.load(fh))
+
+
+def no_more() -> None:
+    """The shard hook of the rows that start shard processes as the job does: nothing more."""
+
+
+def write_start_plan(out: str, n: int, classes: int) -> Plan:
+    """An OUT holding only the plan of N Kinetics-named videos (under a folder that need not exist) in shards of
+    ``VIDEOS_PER_SHARD``, as the job plans them (``make_plan``, written as ``prepare`` writes it)."""
+    from convert.format import PLAN, SHARD_DIR
+    from convert.format.layout import write_json_atomic
+    from convert.worker.plan import ConvertConfig, make_plan
+    from convert.worker.sources import Source, VideoItem
+
+    videos = os.path.join(os.path.dirname(os.path.abspath(out)), f"videos_{n}")
+    items = [VideoItem(f"y{i:010d}_000000_000010", os.path.join(videos, f"y{i:010d}_000000_000010.mp4"),
+                       i % classes) for i in range(n)]
+    source = Source(items, [f"class_{c:03d}" for c in range(classes)], [], "csv")
+    plan = make_plan(source, ConvertConfig(size=SIZE, clip_len=CLIP_LEN, max_clips=1),
+                     math.ceil(n / VIDEOS_PER_SHARD), {"path": videos + ".csv", "videos": videos, "split": None,
+                                                       "kind": "csv"})
+    os.makedirs(os.path.join(out, SHARD_DIR))
+    write_json_atomic(os.path.join(out, PLAN), plan.to_dict(), indent=1)
+    return plan
+
+
+def _proc_kb(pid: int, fields: tuple[str, ...], table: str = "status") -> int:
+    """The sum of ``fields`` (in kB) of ``/proc/PID/TABLE``."""
+    with open(f"/proc/{pid}/{table}") as fh:
+        return sum(int(line.split()[1]) for line in fh if line.split(":")[0] in fields)
+
+
+def shard_starts(work: str, n: int, args: argparse.Namespace) -> list[dict]:
+    """``--shard-starts`` real shard processes on a plan of N videos, each way and memory limit: a row each."""
+    from convert.format import PLAN
+    from convert.worker.shard_worker import HOOK_ENV, plan_command
+
+    out = os.path.join(work, f"starts_{n}")
+    shutil.rmtree(out, ignore_errors=True)
+    plan = write_start_plan(out, n, args.classes)
+    count = len(plan.shards)
+    k = min(args.shard_starts, count)
+    indices = sorted({round(j * (count - 1) / max(1, k - 1)) for j in range(k)})  # spread over the plan
+    common = {"videos": n, "shards": count, "plan_mb": os.path.getsize(os.path.join(out, PLAN)) / 2**20,
+              "shard_plan_kb": len(json.dumps(plan_command(plan.shard(indices[0])))) / 1024}
+    hook = os.environ.get(HOOK_ENV)
+    rows = []
+    try:
+        for whole in (True, False):
+            # Both ways through a hook of this module: each child imports it, so that costs both alike.
+            os.environ[HOOK_ENV] = f"benchmarks.scale:{'parse_whole_plan' if whole else 'no_more'}"
+            _start(out, plan, indices[:1], None)  # the fork server started and warm, as a job's is
+            for limit in (args.max_memory, None):
+                rows.append({**common, "way": "whole plan.json parsed" if whole else "own shard sent",
+                             **_start(out, plan, indices, limit)})
+    finally:
+        if hook is None:
+            os.environ.pop(HOOK_ENV, None)
+        else:
+            os.environ[HOOK_ENV] = hook
+    if not args.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def _start(out: str, plan: Plan, indices: list[int], limit: int | None) -> dict:
+    """Shard processes of ``indices`` started one at a time with ``limit`` (``--max-memory``): their start-up time
+    (median), peak RSS and their own memory once ready (not shared with the fork server; the largest of each),
+    or the error they died of."""
+    from convert.format.units import in_units
+    from convert.job.supervise import ShardOptions, _Child
+
+    times, peaks, own, errors = [], [], [], []
+    for i in indices:
+        shutil.rmtree(plan.shard_path(out, i), ignore_errors=True)  # every start a job's first
+        t0 = time.perf_counter()
+        child = _Child(out, plan.shard(i), ShardOptions(max_memory=limit))
+        try:
+            hello = child.read(timeout=600)
+            elapsed = time.perf_counter() - t0
+            if hello is None or not hello.get("ready"):
+                errors.append(child.failure(child.reap()) if hello is None else json.dumps(hello))
+                continue
+            times.append(elapsed)
+            pid = child.proc.pid
+            peaks.append(_proc_kb(pid, ("VmHWM",)) / 1024)
+            own.append(_proc_kb(pid, ("Private_Clean", "Private_Dirty"), "smaps_rollup") / 1024)
+        finally:
+            child.kill()
+            child.close()
+    return {"max_memory": in_units(limit) if limit else "none", "starts": len(indices), "started": len(times),
+            "start_s": sorted(times)[len(times) // 2] if times else None,
+            "peak_rss_mb": max(peaks) if peaks else None, "own_mb": max(own) if own else None,
+            "error": errors[0] if errors else ""}
 
 
 def _usage_of(fn) -> tuple[float, float]:
@@ -377,6 +503,9 @@ def projection(rows: list[dict], args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from convert.format.units import in_units, parse_bytes
+    from convert.options import MIN_MEMORY
+
     p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="1000,10000", help="video counts, comma-separated (default 1000,10000)")
@@ -395,13 +524,37 @@ def main(argv: list[str] | None = None) -> int:
                         "docs/benchmarks.md)")
     p.add_argument("--work", default="scale_work", help="scratch folder (default scale_work)")
     p.add_argument("--keep", action="store_true", help="keep each size's videos and conversion")
+    p.add_argument("--shard-starts", type=int, default=3, metavar="K",
+                   help="shard processes started per size, way and memory limit (default 3; 0: none)")
+    p.add_argument("--max-memory", type=parse_bytes, default=MIN_MEMORY, metavar="BYTES",
+                   help=f"the shard starts' --max-memory (default {in_units(MIN_MEMORY)}, the least convert takes)")
+    p.add_argument("--only-shard-starts", action="store_true",
+                   help="measure the shard starts alone (they need a plan, no videos)")
     args = p.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     if not sizes or sizes[0] < 10 or args.classes < 1 or not 0 <= args.missing < 1 or args.workers < 1 \
-            or args.cores < 1 or args.nodes < 1:
+            or args.cores < 1 or args.nodes < 1 or args.shard_starts < int(args.only_shard_starts):
         p.error("--sizes of at least 10 videos, --classes >= 1, --missing in [0, 1), --workers, --cores and "
-                "--nodes >= 1")
+                "--nodes >= 1, --shard-starts >= 1 with --only-shard-starts")
     os.makedirs(args.work, exist_ok=True)
+    if not args.only_shard_starts:
+        stages(args, sizes)
+    if args.shard_starts:
+        starts = [row for n in sizes for row in shard_starts(args.work, n, args)]
+        print(f"\nshard start-up: {args.shard_starts} shard process(es) per row, one at a time, forked as the job "
+              f"forks them; plans in shards of {VIDEOS_PER_SHARD} videos\n")
+        keys = ["videos", "shards", "plan_mb", "shard_plan_kb", "way", "max_memory", "started", "start_s",
+                "peak_rss_mb", "own_mb", "error"]
+        print("| " + " | ".join(keys) + " |")
+        print("|" + "---|" * len(keys))
+        for row in starts:
+            print("| " + " | ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else f"{row[k]}/{row['starts']}"
+                                    if k == "started" else str(row[k]) for k in keys) + " |")
+    return 0
+
+
+def stages(args: argparse.Namespace, sizes: list[int]) -> None:
+    """Every stage at every size, printed as JSON rows, a table, their growth and the projection."""
     bases = base_videos(args.work)
     decode_ms = decode_ms_per_video(bases)
     rows = []
@@ -423,7 +576,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key:28s} N^{exponent:.2f}   ({per * 1e3:.3g} per 1,000 videos at N={rows[-1]['videos']})")
     print()
     print("\n".join(projection(rows, args)))
-    return 0
 
 
 if __name__ == "__main__":

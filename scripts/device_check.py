@@ -180,7 +180,7 @@ def h264_in_mp4(payload: bytes) -> bytes:
 
     from convert.format.video import H264Codec
 
-    units = [bytes(p) for p in H264Codec().coded_frames(payload, av.CodecContext.create("h264", "r"))]
+    units = [bytes(p) for p in H264Codec().coded_frames(payload, av.CodecContext.create("h264", "r"), ())]
     with av.open(io.BytesIO(payload), format="h264") as probe:
         width, height = probe.streams.video[0].codec_context.width, probe.streams.video[0].codec_context.height
     out = io.BytesIO()

@@ -37,7 +37,7 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
 
     # The smaller size converted by ``python -m convert``, the larger synthesised by the shard writers.
     assert scale_main(["--sizes", "12,24", "--classes", "4", "--missing", "0.25", "--workers", "1",
-                       "--synthesise-from", "24", "--work", str(tmp_path / "w")]) == 0
+                       "--synthesise-from", "24", "--shard-starts", "0", "--work", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["videos"] for r in rows] == [12, 24]
@@ -52,6 +52,23 @@ def test_the_scale_benchmark_measures_every_stage_at_every_size(tmp_path, capsys
     assert "growth from N=12 to N=24" in out and "| videos |" in out
     assert "Kinetics-400 (240,000 videos): conversion" in out and "Kinetics-700 (650,000 videos)" in out
     assert not os.path.exists(tmp_path / "w" / "out_12")  # each size's conversion removed unless --keep
+
+
+def test_the_scale_benchmark_starts_real_shard_processes_both_ways(tmp_path, capsys):
+    from benchmarks.scale import main as scale_main
+
+    assert scale_main(["--only-shard-starts", "--sizes", "1000,3000", "--classes", "3", "--shard-starts", "1",
+                       "--work", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.splitlines()
+            if re.match(r"^\| \d", line)]
+    ways = ["whole plan.json parsed", "own shard sent"]
+    assert [(r[0], r[1], r[4], r[5]) for r in rows] == [
+        (n, shards, way, limit) for n, shards in (("1000", "1"), ("3000", "3")) for way in ways
+        for limit in ("256M", "none")]
+    assert all(r[6] == "1/1" and float(r[7]) > 0 and float(r[8]) > 0 and r[10] == "" for r in rows)
+    assert rows[0][3] == rows[4][3]  # a shard's plan (its first line) as long in a plan 3 times as large
+    assert not os.path.exists(tmp_path / "w" / "starts_1000")  # removed unless --keep
 
 
 def test_the_forkserver_benchmark_pairs_both_ways_on_the_same_conversion(tmp_path, capsys):

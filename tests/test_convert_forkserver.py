@@ -13,7 +13,7 @@ import pytest
 from convert.job.run import JobOptions, run_job
 from convert.job.supervise import ShardOptions, _Child, last_error
 from convert.worker import forkserver
-from convert.worker.plan import ConvertConfig
+from convert.worker.plan import ConvertConfig, Plan, load_plan
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork server on this platform")
 
@@ -27,6 +27,13 @@ def finished(tmp_path_factory, videos) -> tuple[str, dict]:
     out = str(root / "out")
     manifest = run_job(str(root / "videos"), out, ConvertConfig(), JobOptions(workers=1, progress=False))
     return out, manifest
+
+
+def _shard(out: str) -> _Child:
+    """A shard process of the first shard of ``out``'s plan (sent its part of the plan)."""
+    plan = load_plan(out)
+    assert plan is not None
+    return _Child(out, plan.shard(0), ShardOptions())
 
 
 def _read(child: _Child) -> dict:
@@ -52,7 +59,7 @@ def _ppid(pid: int) -> int:
 def test_a_shard_process_answers_and_exits_the_same_forked_or_started(finished, monkeypatch, forked):
     out, manifest = finished
     monkeypatch.setenv("CONVERT_FORKSERVER", "1" if forked else "0")
-    child = _Child(out, 0, ShardOptions())
+    child = _shard(out)
     try:
         if forked:
             assert isinstance(child.proc, forkserver.ForkedProcess)
@@ -73,7 +80,7 @@ def test_a_shard_process_answers_and_exits_the_same_forked_or_started(finished, 
 
 def test_a_forked_shard_process_killed_reports_the_signal(finished):
     out, _ = finished
-    child = _Child(out, 0, ShardOptions())
+    child = _shard(out)
     try:
         assert isinstance(child.proc, forkserver.ForkedProcess)
         assert _read(child)["ready"] is True
@@ -89,12 +96,13 @@ def test_a_forked_shard_process_killed_reports_the_signal(finished):
 def test_a_forked_shard_process_that_fails_ends_as_a_started_one_does(tmp_path, monkeypatch):
     """Same exit status, same traceback in the log; a relative OUT is found from the caller's folder."""
     monkeypatch.chdir(tmp_path)
+    shard = Plan(ConvertConfig(), ["a"], [[]]).shard(0)
     ends = {}
     for forked in ("0", "1"):
         monkeypatch.setenv("CONVERT_FORKSERVER", forked)
-        out = f"empty-{forked}"  # holds no plan: the shard process fails on start
-        os.makedirs(out)
-        child = _Child(out, 0, ShardOptions())
+        monkeypatch.setenv("CONVERT_SHARD_HOOK", "tests.faults:no_such_hook")  # the shard process fails on start
+        out = f"out-{forked}"
+        child = _Child(out, shard, ShardOptions())
         try:
             assert isinstance(child.proc, forkserver.ForkedProcess) == (forked == "1")
             assert child.read(timeout=60) is None
@@ -103,9 +111,17 @@ def test_a_forked_shard_process_that_fails_ends_as_a_started_one_does(tmp_path, 
                 ends[forked] = (rc, last_error(fh.read()), child.failure(rc))
         finally:
             child.close()
+        monkeypatch.delenv("CONVERT_SHARD_HOOK")
+        child = _Child(out, shard, ShardOptions())
+        try:
+            assert _read(child)["ready"] is True
+            assert os.path.isdir(tmp_path / out / "shards" / "shard-00000")  # its writer, under the relative OUT
+        finally:
+            child.kill()
+            child.close()
     assert ends["1"] == ends["0"]
     rc, error, failure = ends["1"]
-    assert rc == 1 and error is not None and failure == error
+    assert rc == 1 and error is not None and failure == error and "no_such_hook" in error
 
 
 def test_each_forked_process_gets_the_environment_of_its_caller_at_that_moment(videos, tmp_path, monkeypatch):
@@ -130,7 +146,7 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
     out, _ = finished
 
     def one_shard() -> subprocess.Popen | forkserver.ForkedProcess:
-        child = _Child(out, 0, ShardOptions())
+        child = _shard(out)
         try:
             assert _read(child)["complete"] is True
             child.send({"op": "finish"})
@@ -163,7 +179,7 @@ def test_a_broken_or_dead_server_costs_nothing_but_its_speed(finished):
 def test_a_server_closed_while_its_children_run_stays_until_they_end(finished):
     """A job stopping on one shard's error leaves the other shard processes to end as they would have."""
     out, manifest = finished
-    child = _Child(out, 0, ShardOptions())
+    child = _shard(out)
     try:
         assert isinstance(child.proc, forkserver.ForkedProcess)
         server = _server()

@@ -23,9 +23,10 @@ def test_shards_run_largest_first_when_workers_take_several(tmp_path, monkeypatc
     plan = Plan(ConvertConfig(), ["c"], shards)
     order = []
 
-    def run_shard(out, i, *a):
-        order.append(i)
-        return {"index": i}
+    def run_shard(out, shard, *a):
+        assert shard.items == tuple(plan.shards[shard.index])  # each shard's own videos, nothing more
+        order.append(shard.index)
+        return {"index": shard.index}
 
     monkeypatch.setattr(schedule, "run_shard", run_shard)
     schedule.run_shards(str(tmp_path), plan, JobOptions(workers=1, progress=False))

@@ -190,12 +190,13 @@ def test_damaged_or_foreign_payloads_are_one_line_format_errors(name, clip):
         with pytest.raises(FormatError) as exc:
             codec.decode(bad, clip.shape)
         assert "\n" not in str(exc.value) and name in str(exc.value)
-    # A sound stream of fewer frames than the header's T: the count check says so.
+    # A sound stream of fewer frames than the header's T: the count check says so (vp9: its IVF header first).
     short = codec.encode(clip[:12])
-    with pytest.raises(FormatError, match=f"{name} payload decodes to 12 frames, header says 16"):
+    with pytest.raises(FormatError, match=f"{name} payload(: IVF header says 12 frames| decodes to 12 frames, "
+                                          f"header says 16)"):
         codec.decode(short, clip.shape)
     # Coded at another size than the header's H x W.
-    with pytest.raises(FormatError, match="is coded at"):
+    with pytest.raises(FormatError, match="coded at"):
         codec.decode(payload, (16, 61, 51, 3))
 
 

@@ -61,6 +61,10 @@ _HEADER = struct.Struct("<4sBBBBHHHHiIIII")
 HEADER_SIZE = _HEADER.size  # 36 bytes, then the video id, then the payload
 VIDEO_ID_LEN_OFFSET = 14
 MAX_CLIP_INDEX = 0xFFFFFFFF  # the header's uint32
+# With a short side (``frame_size.short_side`` S) a frame's longer side is at most MAX_ASPECT * S: a conversion
+# refuses a video of a wider aspect, and a reader refuses a clip header outside it before decoding the payload, so
+# the memory one clip costs a reader is bounded by the manifest, never by a header's word (FORMAT.md, *Clip values*).
+MAX_ASPECT = 4
 
 
 # Metadata files (manifest, plan, shard metadata and commits) are small; a larger

@@ -197,8 +197,10 @@ class VideoCodec(Codec):
         return [bytes(p) for p in packets]
 
     # -- decoding ------------------------------------------------------------------------------------------------
-    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
-        """The payload split into the packets decoder ``cc`` is fed (FormatError where it cannot be)."""
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
+                     shape: tuple[int, ...]) -> list[av.Packet]:
+        """The payload of a clip of ``shape`` split into the packets decoder ``cc`` is fed (FormatError where it
+        cannot be, or where the stream's own framing disagrees with the clip)."""
         raise NotImplementedError
 
     def pictures(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> Iterator[av.VideoFrame]:
@@ -208,17 +210,24 @@ class VideoCodec(Codec):
 
         cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder_name, "r"))
         cc.thread_count = 1
-        # A damaged bitstream is an error, not frames concealed from their neighbours.
-        cc.options = {"err_detect": "crccheck+bitstream+buffer+explode"}
         height, width = coded_size(shape)
+        # A damaged bitstream is an error, not frames concealed from their neighbours. max_pixels: FFmpeg refuses
+        # a picture larger than the clip's before allocating it, so a stream coded at a larger size than its
+        # header says costs no more memory than the clip. Decoders check their block-aligned size (H.264's
+        # macroblocks, VP9's superblocks): the bound is the clip's coded size rounded up to whole 64x64 blocks.
+        cc.options = {"err_detect": "crccheck+bitstream+buffer+explode",
+                      "max_pixels": str(-(-height // 64) * 64 * -(-width // 64) * 64)}
         n = 0
         try:
-            packets: list[av.Packet | None] = [*self.coded_frames(payload, cc), None]
+            packets: list[av.Packet | None] = [*self.coded_frames(payload, cc, shape), None]
             for packet in packets:
                 for frame in cc.decode(packet):  # None flushes
                     if (frame.height, frame.width) != (height, width):
                         raise FormatError(f"{self.name} frame {n} is {frame.height}x{frame.width}, the clip's "
                                           f"{shape[1]}x{shape[2]} is coded at {height}x{width}")
+                    if n == shape[0]:  # one frame past the clip: stop here, whatever else the stream holds
+                        raise FormatError(f"{self.name} payload decodes to more than the {shape[0]} frames its "
+                                          f"header says")
                     yield frame
                     n += 1
         except av.FFmpegError as exc:
@@ -317,7 +326,8 @@ class H264Codec(VideoCodec):
         out = [bytes(q) for p in packets for q in bsf.filter(p)]
         return out + [bytes(q) for q in bsf.filter(None)]
 
-    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
+                     shape: tuple[int, ...]) -> list[av.Packet]:
         # FFmpeg's H.264 parser cuts the Annex-B stream into access units, as a raw .h264 file is read.
         return [*cc.parse(bytes(payload)), *cc.parse(None)]
 
@@ -354,15 +364,24 @@ class Vp9Codec(VideoCodec):
             parts += [struct.pack("<IQ", len(packet), pts), packet]
         return b"".join(parts)
 
-    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext) -> list[av.Packet]:
+    def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
+                     shape: tuple[int, ...]) -> list[av.Packet]:
         import av
 
         view = memoryview(payload)
         if len(view) < IVF_HEADER or bytes(view[:4]) != b"DKIF" or bytes(view[8:12]) != b"VP90":
             raise FormatError(f"vp9 payload of {len(view)} bytes is not an IVF file of VP9 frames")
-        (header_len,) = struct.unpack_from("<H", view, 6)
+        # The IVF header's fields are the ones pack() writes: its length, the coded size and the frame count.
+        (header_len,), (width, height, _, _, count) = struct.unpack_from("<H", view, 6), \
+            struct.unpack_from("<HHIII", view, 12)
+        if header_len != IVF_HEADER or (height, width) != coded_size(shape) or count != shape[0]:
+            raise FormatError(f"vp9 payload: IVF header says {count} frames of {width}x{height} in a "
+                              f"{header_len}-byte header; the clip's {shape[0]} frames of {shape[2]}x{shape[1]} "
+                              f"are coded at {coded_size(shape)[1]}x{coded_size(shape)[0]} after {IVF_HEADER}")
         pos, frames = header_len, cast("list[av.Packet]", [])
         while pos < len(view):
+            if len(frames) == shape[0]:
+                raise FormatError(f"vp9 payload: IVF frames go on past the clip's {shape[0]} at byte {pos}")
             if pos + IVF_FRAME_HEADER > len(view):
                 raise FormatError(f"vp9 payload: IVF frame {len(frames)} header cut short at byte {pos}")
             (size,) = struct.unpack_from("<I", view, pos)

@@ -82,14 +82,39 @@ class LineProcess:
             self.proc.kill()
             raise Stopped
 
-    def send(self, obj: dict) -> None:
+    def send(self, obj: dict, timeout: float | None = None) -> None:
+        """Write ``obj`` as one line. ``timeout``: the seconds the process has to take it, for a line longer than
+        a pipe holds (TimeoutError when it has not; None: wait, for a command that fits the pipe)."""
         if _stopping.is_set():
             raise Stopped
+        data = (json.dumps(obj) + "\n").encode()
         try:
-            self.stdin.write((json.dumps(obj) + "\n").encode())
-            self.stdin.flush()
+            if timeout is None:
+                self.stdin.write(data)
+                self.stdin.flush()
+            else:
+                self._write_within(data, timeout)
         except BrokenPipeError:
             pass  # the process has died: the next read sees its end and asks why
+
+    def _write_within(self, data: bytes, timeout: float) -> None:
+        """Write ``data`` to the process's stdin within ``timeout`` seconds: a process that hangs before it reads
+        must not hang its caller on a full pipe."""
+        self.stdin.flush()
+        fd = self.stdin.fileno()
+        deadline = time.monotonic() + timeout
+        left = memoryview(data)
+        os.set_blocking(fd, False)
+        try:
+            while left:
+                if not forkserver.writable(fd, deadline - time.monotonic()):
+                    raise TimeoutError(f"the process took no input for {timeout:g}s")
+                try:
+                    left = left[os.write(fd, left):]
+                except BlockingIOError:
+                    continue  # the pipe filled between the poll and the write
+        finally:
+            os.set_blocking(fd, True)
 
     def read(self, timeout: float | None) -> dict | None:
         """The next answer; None when the process died; TimeoutError when it hangs.

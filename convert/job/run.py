@@ -43,7 +43,7 @@ def prepare(src: str, out: str, config: ConvertConfig, opts: JobOptions, *, vide
     check_out(out, config, staging_of=staging_of)
     source_info = {"path": os.path.abspath(src), "videos": os.path.abspath(videos) if videos else None,
                    "split": split}
-    existing = load_plan(out) if os.path.isdir(out) else None
+    existing = load_plan(out, staging_of=staging_of) if os.path.isdir(out) else None
     if existing is not None:
         check_same(existing, config, source_info, out, staging_of=staging_of)
         return existing

@@ -49,7 +49,9 @@ def run_shards(out: str, plan: Plan, opts: JobOptions, indices: Iterable[int] | 
     # it is imported here and not with the module.
     from joblib import Parallel, delayed, parallel_config
 
-    tasks = [delayed(run_shard)(out, i, len(plan.shards[i]), opts.shard, retry.get(i, ())) for i in indices]
+    # Each task carries its shard's part of the plan (to a Dask worker too): no shard's supervisor or process
+    # reads plan.json.
+    tasks = [delayed(run_shard)(out, plan.shard(i), opts.shard, retry.get(i, ())) for i in indices]
     if opts.dask:
         from dask.distributed import Client, LocalCluster
 

@@ -129,14 +129,25 @@ def _phase_memory() -> int | None:
     return fd
 
 
-class _Child(LineProcess):
-    """The shard process and its line protocol."""
+# Seconds a shard process has to take its shard's plan, and then to say it is ready.
+START_TIMEOUT_S = 120.0
 
-    def __init__(self, out: str, index: int, opts: ShardOptions) -> None:
-        logs = os.path.join(out, LOG_DIR)
-        self.log_path = os.path.join(logs, shard_name(index) + ".log")
+
+def shard_log(out: str, index: int) -> str:
+    """The log of shard ``index``'s processes (what they print, their tracebacks)."""
+    return os.path.join(out, LOG_DIR, shard_name(index) + ".log")
+
+
+class _Child(LineProcess):
+    """The shard process of ``shard`` and its line protocol; started, and sent the shard's plan (its first line:
+    the process reads nothing else of the plan). TimeoutError when it takes no plan within ``START_TIMEOUT_S``
+    (it is then killed)."""
+
+    def __init__(self, out: str, shard: ShardPlan, opts: ShardOptions) -> None:
+        index = shard.index
+        self.log_path = shard_log(out, index)
         with storing("opening the shard's log", self.log_path):
-            os.makedirs(logs, exist_ok=True)
+            os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
             log = open(self.log_path, "ab")
         self._log_start = log.tell()  # this process's part of the log starts here
         args = {"threads": opts.threads, "store": dataclasses.asdict(opts.store) if opts.store is not None else None,
@@ -156,6 +167,12 @@ class _Child(LineProcess):
             raise
         finally:
             log.close()
+        try:
+            self.send(plan_command(shard), timeout=START_TIMEOUT_S)
+        except BaseException:
+            self.kill()
+            self.close()
+            raise
 
     def phase(self) -> int:
         """The phase the process last marked (``shard_worker.DECODING`` ...); DECODING when it cannot say."""
@@ -274,11 +291,12 @@ def read_video_answer(child: _Child, timeout: float) -> dict | None:
                 raise VideoTimeout(phase) from None
 
 
-def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
-    """Convert every pending video of shard ``index`` (``n_items`` videos); returns the shard summary.
+def run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[int] = ()) -> dict:
+    """Convert every pending video of ``shard``; returns the shard summary.
 
-    The caller passes the count it already has from the plan, so a thousand
-    supervisors do not each parse the whole plan again. ``retry``: indices of
+    The caller passes the shard's part of the plan, which goes down to each
+    shard process this starts: neither this supervisor (on a Dask worker,
+    say) nor its shard processes parse the whole plan. ``retry``: indices of
     videos to convert again although the shard has a record of them (their
     record, recorded as failed, is dropped just before the new attempt). The
     summary adds ``new_videos`` and ``new_clips``: what this run converted.
@@ -287,9 +305,9 @@ def run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Seq
     cannot be written, no process can be started) is a ``MachineError`` too.
     """
     try:
-        return _run_shard(out, index, n_items, opts, retry)
+        return _run_shard(out, shard, opts, retry)
     except StoreError as exc:
-        raise _machine_error(out, index, str(exc)) from None
+        raise _machine_error(out, shard.index, str(exc)) from None
 
 
 def _machine_error(out: str, index: int, cause: str, video: str | None = None) -> MachineError:
@@ -298,7 +316,8 @@ def _machine_error(out: str, index: int, cause: str, video: str | None = None) -
                         f"the same command again: it goes on where this run stopped")
 
 
-def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Sequence[int]) -> dict:
+def _run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[int]) -> dict:
+    index, n_items = shard.index, len(shard.items)
     progress = _Progress(out, index, n_items)
     attempts: dict[int, int] = {}
 
@@ -323,14 +342,25 @@ def _run_shard(out: str, index: int, n_items: int, opts: ShardOptions, retry: Se
             raise stop_for_machine(reply["machine"], reply.get("video"))
         return reply
 
+    def no_start(log_path: str) -> ShardFailed:
+        return ShardFailed(f"{shard_name(index)}: shard process gave no sign of starting within "
+                           f"{START_TIMEOUT_S:g}s (it hangs?); see {log_path}")
+
     def start() -> tuple[_Child, dict]:
         try:
-            child = _Child(out, index, opts)
+            child = _Child(out, shard, opts)
         except StoreError:
             raise
+        except TimeoutError:
+            raise no_start(shard_log(out, index)) from None
         except OSError as exc:  # no pipe, no process: out of descriptors or memory
             raise stop_for_machine(f"cannot start the shard process ({exc.strerror or exc})") from None
-        hello = checked(child, child.read(timeout=120))
+        try:
+            hello = checked(child, child.read(timeout=START_TIMEOUT_S))
+        except TimeoutError:
+            child.kill()
+            child.close()
+            raise no_start(child.log_path) from None
         if hello is None:
             raise fail(child, "starting")
         return child, hello

@@ -209,12 +209,13 @@ class ClipStore(Sequence):
 
         Every clip's header is checked first against what the conversion
         says of it: its label must be its video record's (which is one of the
-        classes) and, where the manifest fixes one, its shape the manifest's.
-        A reader that skips payload checksums by design still never hands
-        out an impossible label or shape.
+        classes) and its shape one the conversion can hold
+        (``DataSpec.shape_problem``). A reader that skips payload checksums by
+        design still never hands out an impossible label or shape, nor
+        decodes a payload into more memory than the manifest allows a clip.
         """
         shards, refs, labels = self._locate_many(indices)
-        shape, n_classes = self.manifest.data.clip_shape, len(self.classes)
+        spec, n_classes = self.manifest.data, len(self.classes)
         if shards.size == 1:  # one clip (``get``, a Dataset's item): no grouping to do
             groups: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
         else:
@@ -229,8 +230,9 @@ class ClipStore(Sequence):
                     if not 0 <= header.label < n_classes:
                         raise FormatError(f"label {header.label} outside the {n_classes} classes")
                     raise FormatError(f"label {header.label}, its video record says {labels[pos]}")
-                if shape is not None and header.shape != shape:
-                    raise FormatError(f"shape {header.shape}, the manifest says {shape}")
+                problem = spec.shape_problem(header.shape)
+                if problem is not None:
+                    raise FormatError(problem)
                 fn(pos, header, payload)
 
             with self.source.using(int(shards[group[0]])) as reader:

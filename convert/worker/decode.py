@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from ..format.layout import MAX_ASPECT
+
 if TYPE_CHECKING:
     import av
 
@@ -51,6 +53,10 @@ class FrameSpec:
         if self.size is not None:
             return self.size
         s = cast(int, self.short_side)  # set whenever size is not (__post_init__)
+        if min(width, height) < 1 or max(width, height) > MAX_ASPECT * min(width, height):
+            # The format bounds a frame's long side by its short side's (readers refuse any other clip).
+            raise VideoError(f"frames of {width}x{height} are wider than the {MAX_ASPECT}:1 aspect a short-side "
+                             f"conversion stores")
         if width <= height:
             return max(2, round(height * s / width)), s
         return s, max(2, round(width * s / height))

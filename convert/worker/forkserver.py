@@ -59,8 +59,18 @@ def readable(fd: int, timeout: float | None) -> bool:
     (a thousand shard pipes, or a library that opened many), and ``select``
     fails on any descriptor numbered 1024 or more.
     """
+    return _ready(fd, select.POLLIN, timeout)
+
+
+def writable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` takes data (or its reader has gone) within ``timeout`` seconds (None: wait); ``poll``, as
+    ``readable``."""
+    return _ready(fd, select.POLLOUT, timeout)
+
+
+def _ready(fd: int, events: int, timeout: float | None) -> bool:
     poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    poller.register(fd, events | select.POLLHUP | select.POLLERR)
     return bool(poller.poll(None if timeout is None else max(0.0, timeout) * 1000))
 
 

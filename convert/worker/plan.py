@@ -9,10 +9,10 @@ disagrees with them is refused before any work.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..format import (
     BACKENDS,
@@ -22,9 +22,11 @@ from ..format import (
     SHARD_DIR,
     WRITE_CODECS,
     DataSpec,
+    FormatError,
     get_codec,
     shard_name,
 )
+from ..format.layout import MAX_PLAN_BYTES, read_json_file
 from ..format.manifest import ClipSettings, FrameSize
 from .clips import ClipSpec
 from .decode import FrameSpec
@@ -106,6 +108,11 @@ class ConvertConfig:
         return cls(**d)
 
 
+def shard_path(out: str, index: int) -> str:
+    """The folder of shard ``index`` under ``out``."""
+    return os.path.join(out, SHARD_DIR, shard_name(index))
+
+
 @dataclass
 class Plan:
     config: ConvertConfig
@@ -116,7 +123,12 @@ class Plan:
     added: list[dict] = field(default_factory=list)  # one entry per --add-new that appended shards
 
     def shard_path(self, out: str, index: int) -> str:
-        return os.path.join(out, SHARD_DIR, shard_name(index))
+        return shard_path(out, index)
+
+    def shard(self, index: int) -> ShardPlan:
+        """Shard ``index``'s part of the plan: all that its shard process is given."""
+        return ShardPlan(config=self.config, classes=tuple(self.classes), index=index, count=len(self.shards),
+                         items=tuple(self.shards[index]))
 
     def to_dict(self) -> dict:
         return {
@@ -141,6 +153,57 @@ class Plan:
             source=d["source"],
             added=d.get("added", []),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardPlan:
+    """One shard's part of the plan: its videos, and what its writer stores beside them.
+
+    A shard process is given this and nothing more (the job sends it down the
+    process's command pipe, ``convert.job.supervise``), so that starting one
+    costs the same time and memory whatever the dataset's size: each shard
+    process parsing the whole plan.json would cost every start the whole
+    dataset's share, and no ``--max-memory`` would be low enough to stay
+    legal at Kinetics' size. plan.json stays the job's record.
+    ``count``: the plan's number of shards, which every shard stores.
+    """
+
+    config: ConvertConfig
+    classes: tuple[str, ...]
+    index: int
+    count: int
+    items: tuple[VideoItem, ...]
+
+    def __post_init__(self) -> None:
+        if not (type(self.index) is int and type(self.count) is int and 0 <= self.index < self.count):
+            raise ValueError(f"shard index {self.index!r} is not one of the plan's {self.count!r} shards")
+        if not all(isinstance(it, VideoItem) for it in self.items):
+            raise TypeError("a shard's items must be VideoItems")
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.index)
+
+    def path(self, out: str) -> str:
+        """The shard's folder under ``out``."""
+        return shard_path(out, self.index)
+
+    def data_spec(self) -> DataSpec:
+        """What the shard stores as its data's definition (the manifest's fields, ``ConvertConfig.data_spec``)."""
+        return self.config.data_spec(list(self.classes))
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), "classes": list(self.classes), "index": self.index,
+                "count": self.count, "items": [[it.id, it.path, it.label] for it in self.items]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ShardPlan:
+        """The shard plan ``to_dict`` gave; PlanError in one line when ``d`` is not one."""
+        try:
+            return cls(config=ConvertConfig.from_dict(d["config"]), classes=tuple(d["classes"]),
+                       index=d["index"], count=d["count"], items=tuple(VideoItem(*it) for it in d["items"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PlanError(f"not a shard's plan: {type(exc).__name__}: {exc}") from None
 
 
 def default_shards(n_videos: int, workers: int, videos_per_shard: int = 1000) -> int:
@@ -212,15 +275,33 @@ def add_shards(plan: Plan, source: Source, n_shards: int, *, staging_of: str | N
     return items
 
 
-def load_plan(out: str) -> Plan | None:
+def load_plan(out: str, *, staging_of: str | None = None) -> Plan | None:
+    """OUT's plan; None when it has none. PlanError in one line naming plan.json and the fix when it cannot be
+    read: read as the manifest is (no FIFO, at most ``MAX_PLAN_BYTES``, a truncated or deeply nested file refused
+    in a line, never a traceback), then checked to be a plan of this format.
+
+    The fix is never to delete the plan alone: it is the only record of which
+    video went to which shard (a plan made again from a source that has
+    changed, or with another shard count, would deal the videos the shards
+    hold otherwise). ``staging_of``: the URL whose staging folder ``out`` is,
+    for the advice (``another_out``).
+    """
     path = os.path.join(out, PLAN)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
-    with open(path) as fh:
-        d = json.load(fh)
-    if d.get("format") != FORMAT_NAME:
-        raise PlanError(f"{path}: not a {FORMAT_NAME} plan (format {d.get('format')!r})")
-    return Plan.from_dict(d)
+    fix = (f"it is the job's only record of which video goes to which shard: put back a copy of it, or convert "
+           f"into {another_out(staging_of)} (or remove {out} and run again)")
+    try:
+        d = read_json_file(path, "plan", limit=MAX_PLAN_BYTES)
+    except FormatError as exc:
+        raise PlanError(f"{exc}; {fix}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        got = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise PlanError(f"{path}: not a {FORMAT_NAME} plan (format {got!r}); {fix}")
+    try:
+        return Plan.from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlanError(f"{path}: not a readable plan ({type(exc).__name__}: {exc}); {fix}") from None
 
 
 def check_same(existing: Plan, config: ConvertConfig, source_info: dict, out: str, *,

@@ -2,6 +2,9 @@
 
 It is started and watched by ``supervise.run_shard``: commands come as JSON
 lines on stdin, one answer per command goes back on a private copy of stdout.
+The first line is the shard's own part of the plan (``plan.ShardPlan``): the
+process never reads plan.json, so its start costs the same whatever the
+dataset's size.
 Running the decoder in its own process means an FFmpeg crash, a hang or the
 OOM killer takes down only this process, and the supervisor knows exactly which
 video was in flight.
@@ -25,13 +28,13 @@ import numpy as np
 from ..format import (
     DAMAGED_DIR,
     MANIFEST,
-    PLAN,
     ShardDamaged,
     ShardWriter,
     StoreError,
     VideoRecord,
     get_backend,
     shard_meta,
+    shard_name,
 )
 from ..format.base import ClipProducer
 from ..format.errors import storing
@@ -39,7 +42,7 @@ from ..format.system import import_named
 from ..signals import unblock_stop_signals
 from .clips import ClipCutter
 from .decode import VideoDecoder, VideoError
-from .plan import ConvertConfig, Plan, load_plan
+from .plan import ConvertConfig, PlanError, ShardPlan
 from .sources import VideoItem
 
 log = logging.getLogger("convert.shard")
@@ -153,34 +156,34 @@ def failed_producer(item: VideoItem, reason: str) -> Callable[[], ClipProducer]:
     return produce
 
 
-def open_writer(out: str, plan: Plan, index: int, options: Any = None) -> ShardWriter:
-    """The writer of shard ``index``, which stores the plan's data spec and its place among the shards.
+def open_writer(out: str, shard: ShardPlan, options: Any = None) -> ShardWriter:
+    """The writer of ``shard``, which stores the plan's data spec and its place among the shards.
 
     ``options``: the backend's options dataclass (None: its defaults).
     """
-    meta = shard_meta(plan.config.data_spec(plan.classes), index=index, count=len(plan.shards))
-    return get_backend(plan.config.backend).writer(path=plan.shard_path(out, index), codec=plan.config.codec,
-                                                   meta=meta, options=options)
+    meta = shard_meta(shard.data_spec(), index=shard.index, count=shard.count)
+    return get_backend(shard.config.backend).writer(path=shard.path(out), codec=shard.config.codec, meta=meta,
+                                                    options=options)
 
 
-def open_or_set_aside(out: str, plan: Plan, index: int, options: Any) -> tuple[ShardWriter, str | None]:
+def open_or_set_aside(out: str, shard: ShardPlan, options: Any) -> tuple[ShardWriter, str | None]:
     """The shard's writer; an unfinished shard that cannot be opened is moved aside first (and a note says so).
 
     Its videos are then converted again into a fresh shard: nothing else is
     lost. A finished conversion's shard is never moved (``verify`` reports it).
     """
     try:
-        return open_writer(out, plan, index, options), None
+        return open_writer(out, shard, options), None
     except ShardDamaged as exc:
         if os.path.exists(os.path.join(out, MANIFEST)):
             raise
-        path = plan.shard_path(out, index)
+        path = shard.path(out)
         aside = os.path.join(out, DAMAGED_DIR, f"{os.path.basename(path)}-{time.strftime('%Y%m%dT%H%M%S')}")
         with storing("moving the damaged shard aside to", aside):
             os.makedirs(os.path.dirname(aside), exist_ok=True)
             os.rename(path, aside)
         log.warning("%s; moved aside to %s, its videos are converted again", exc, aside)
-        return open_writer(out, plan, index, options), f"{exc}; moved aside to {aside} and converted again"
+        return open_writer(out, shard, options), f"{exc}; moved aside to {aside} and converted again"
 
 
 HOOK_ENV = "CONVERT_SHARD_HOOK"
@@ -198,6 +201,36 @@ def install_hook() -> None:
     if not spec:
         return
     import_named(spec)()
+
+
+PLAN_OP = "plan"  # the first command: the shard's part of the plan
+
+
+def plan_command(shard: ShardPlan) -> dict:
+    """The first line the job sends a shard process: its shard's plan (``read_shard_plan`` reads it)."""
+    return {"op": PLAN_OP, "shard": shard.to_dict()}
+
+
+def read_shard_plan(stream: TextIO, index: int) -> ShardPlan:
+    """Shard ``index``'s plan, the first line on ``stream`` (``{"op": "plan", "shard": ShardPlan.to_dict()}``);
+    PlanError in one line when the stream ends first or its first line is not that shard's plan."""
+    name = shard_name(index)
+    line = stream.readline()
+    if not line:
+        raise PlanError(f"{name}: its input ended before the shard's plan, which the job sends first")
+    try:
+        cmd = json.loads(line)
+    except ValueError as exc:
+        raise PlanError(f"{name}: the first line of its input is not JSON ({exc})") from None
+    if not isinstance(cmd, dict) or cmd.get("op") != PLAN_OP:
+        raise PlanError(f"{name}: the first line of its input is not the shard's plan")
+    try:
+        shard = ShardPlan.from_dict(cmd.get("shard"))
+    except PlanError as exc:
+        raise PlanError(f"{name}: {exc}") from None
+    if shard.index != index:
+        raise PlanError(f"{name}: was sent the plan of {shard.name}")
+    return shard
 
 
 def main(argv: list[str]) -> int:
@@ -220,13 +253,12 @@ def main(argv: list[str]) -> int:
         limit = int(opts["max_memory"])
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     install_hook()
-    plan = load_plan(out)
-    if plan is None:  # the job writes it before it starts a shard: the supervisor reports this from the log
-        raise FileNotFoundError(f"no {PLAN} in OUT, so no shard to convert")
-    items = plan.shards[index]
-    options = get_backend(plan.config.backend).make_options(opts.get("store"))
+    # Under the memory limit already: the shard's plan is its own videos only.
+    shard = read_shard_plan(sys.stdin, index)
+    items = shard.items
+    options = get_backend(shard.config.backend).make_options(opts.get("store"))
     try:
-        writer, note = open_or_set_aside(out, plan, index, options)
+        writer, note = open_or_set_aside(out, shard, options)
     except StoreError as exc:
         proto.write(json.dumps({"machine": str(exc)}) + "\n")
         return MACHINE_EXIT
@@ -238,7 +270,7 @@ def main(argv: list[str]) -> int:
             cmd = json.loads(line)
             set_phase(STORING)  # every command but a video's decoding is the writer's work
             try:
-                if not answer(cmd, writer, items, plan, opts, proto):
+                if not answer(cmd, writer, shard, opts, proto):
                     break
                 set_phase(IDLE)
             except StoreError as exc:
@@ -250,8 +282,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, opts: dict, proto: TextIO) -> bool:
+def answer(cmd: dict, writer: ShardWriter, shard: ShardPlan, opts: dict, proto: TextIO) -> bool:
     """Carry out one supervisor command and write its answer; False after ``finish``."""
+    items = shard.items
     if cmd["op"] in ("video", "retry"):
         item = items[cmd["index"]]
         if cmd["op"] == "retry":
@@ -259,7 +292,7 @@ def answer(cmd: dict, writer: ShardWriter, items: list[VideoItem], plan: Plan, o
             # killed before the new record commits leaves the video pending, so a
             # plain rerun converts it; a decoder crash is handled as for any video.
             writer.forget_video(item.id)
-        rec = convert_video(writer, item, plan.config, opts.get("threads", 1))
+        rec = convert_video(writer, item, shard.config, opts.get("threads", 1))
         proto.write(json.dumps({"index": cmd["index"], **rec.to_dict()}) + "\n")
     elif cmd["op"] == "fail":
         item = items[cmd["index"]]

@@ -85,6 +85,8 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
+from convert.format.layout import MAX_ASPECT
+from convert.format.manifest import DataSpec
 from convert.format.tfrecord.schema import BY_NAME
 from convert.store.cache import CacheSettings
 
@@ -188,11 +190,21 @@ def _relative(anchor: Any, slack: Any) -> Any:
     return anchor / dmath.max(slack, 1)
 
 
-def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: int, preset: ClipPreset,
-           batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int, shards: int,
-           seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
+def _shape_bounds(spec: DataSpec) -> tuple[list[int], list[int]]:
+    """(lowest, highest) of each of (T, H, W, C) a clip of the conversion ``spec`` describes may have: the box
+    the native route clamps every record's ``shape`` feature into before a decoder sizes its output by it."""
+    if spec.clip_shape is not None:
+        return list(spec.clip_shape), list(spec.clip_shape)
+    short, t = int(spec.frame_size.short_side or 1), spec.clip.clip_len
+    return [t, short, short, 3], [t, MAX_ASPECT * short, MAX_ASPECT * short, 3]
+
+
+def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, stored_frames: int,
+           preset: ClipPreset, batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int,
+           shards: int, seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
            build: bool = True) -> Pipeline:
-    """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index.
+    """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index
+    and the record's shape (checked against ``spec`` by the loader: ``DataSpec.shape_problem``).
 
     ``build=False`` returns it defined but not built: DALI checks operator
     arguments and placements while the graph is defined, so a GPU graph can be
@@ -217,7 +229,12 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
             order = {"stick_to_shard": True}
         rec = fn.readers.tfrecord(path=files, index_path=indexes, features=reader_features(), shard_id=shard,
                                   num_shards=shards, pad_last_batch=True, name="reader", **order)
-        shape = rec["shape"]
+        # Decoders that size their output by the record's shape (the raw reshape, the GPU inflate) get it clamped
+        # into the conversion's bounds: a forged shape cannot make them allocate more than a clip may take. The
+        # loader refuses such a record by its unclamped shape, in one line naming the clip (``_batch``).
+        low, high = _shape_bounds(spec)
+        shape = dmath.clamp(rec["shape"], fn.constant(idata=low, dtype=types.INT64),
+                            fn.constant(idata=high, dtype=types.INT64))
         h, w = shape[1], shape[2]
         draw = _Draw((shard * _GOLDEN) % 1.0)
         # Crop parameters, as ClipPreset.params draws them: window, scale, row, column, flip.
@@ -272,7 +289,7 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, stored_frames: i
         label = rec["label"]
         if device_id is not None:
             label = label.gpu()
-        pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"])
+        pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"], rec["shape"])
     if build:
         pipe.build()
     return pipe
@@ -584,7 +601,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
             # pipeline may read is fetched and held in the cache first (refused in one line when they cannot
             # all fit): DALI's own file-level shuffle decides which parts each epoch reads.
             self.store.hold_all(range(len(self.store.manifest.shards)))
-        return _build(files=self._files, indexes=self._indexes, codec=self.store.codec,
+        return _build(files=self._files, indexes=self._indexes, codec=self.store.codec, spec=self.store.manifest.data,
                       stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size,
                       threads=self.threads, device_id=self.device_id, prefetch=self.prefetch, shard=self.rank,
                       shards=self.world_size, seed=self.seed, epoch=epoch, initial_fill=self.initial_fill,
@@ -603,7 +620,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         """The batch of pipeline outputs ``outs`` that starts at sample ``start`` of this rank's epoch (None: a
         batch of evaluation padding only); ``pixels=False`` leaves out ``clip`` and ``label``, for batches that
         are only counted (read up to a position)."""
-        clips_tl, labels_tl, ids_tl, index_tl = outs
+        clips_tl, labels_tl, ids_tl, index_tl, shapes_tl = outs
         bs = self.batch_size
         real = max(0, min(bs, self._real - start))
         n = bs if self.train else real
@@ -617,6 +634,12 @@ class DaliTFRecordLoader(DaliLoaderBase):
         except KeyError as exc:
             raise FormatError(f"{self.root}: a record holds video {exc.args[0]!r}, which the manifest's shards "
                                f"do not list") from None
+        spec = self.store.manifest.data
+        for k in range(n):
+            problem = spec.shape_problem(tuple(np.asarray(shapes_tl[k]).tolist()))
+            if problem is not None:
+                self.close()
+                raise FormatError(f"{self.store.where(int(index[k]))}: {problem}")
         batch = {"video_id": video_ids, "clip_index": clip_index, "index": index, "padding": torch.arange(n) >= real}
         if not pixels:
             return batch
