@@ -22,7 +22,8 @@ from ..format import LOG_DIR, PROGRESS_DIR, StoreError, shard_name
 from ..format.errors import storing
 from ..signals import STOP_SIGNALS
 from ..worker import forkserver
-from ..worker.shard_worker import DECODING
+from ..worker.plan import ShardPlan
+from ..worker.shard_worker import DECODING, plan_command
 from .childproc import LineProcess, Stopped, use_forkserver
 
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
