@@ -24,7 +24,7 @@ from .job.progress import line_interval
 from .job.summary import print_summary
 from .job.supervise import ShardFailed, ShardOptions
 from .options import RUNNING, ConvertOptions, JobOptions
-from .signals import STOP_SIGNALS, take_stop_signals
+from .signals import STOP_SIGNALS, say, take_stop_signals
 from .store.remote import Remote, RemoteError, check_url, is_url
 from .worker.plan import ConvertConfig, PlanError
 from .worker.sources import SourceError, split_problem
@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                "'python -m convert inspect OUT [--sheet FILE.png]' summarises and draws sample clips; "
                "'python -m convert demo' synthesises a small dataset and converts it. "
                "Exit status: 0 done; 1 the job failed (a shard's store or process; the message names its log); "
-               "2 bad arguments or an OUT that cannot take this job; 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) "
-               "interrupted: run the same command again to continue.",
+               "2 bad arguments or an OUT that cannot take this job; 130 (SIGINT, Ctrl-C), 143 (SIGTERM) or 129 "
+               "(SIGHUP: a closed terminal) interrupted: run the same command again to continue.",
     )
     p.add_argument("src", metavar="SRC", help="a Kinetics CSV (with --videos), a list file ('path label' lines), "
                    "or a folder of class folders")
@@ -144,13 +144,13 @@ def _interrupted(signum: int, frame: object) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the stop
     _stop_children()
-    os.write(2, (INTERRUPTED + "\n").encode())  # not print: the signal may have come in the middle of one
+    say(INTERRUPTED)
     os._exit(128 + signum)
 
 
 def _stop_on_signals() -> dict:
-    """SIGINT and SIGTERM stop the job through ``_interrupted``; one this process was started ignoring
-    (``nohup``, a shell's background job) stays ignored. Returns the handlers replaced, to put back."""
+    """The stop signals (SIGINT, SIGTERM, SIGHUP) stop the job through ``_interrupted``; one this process was
+    started ignoring (``nohup``, a shell's background job) stays ignored. Returns the handlers replaced, to put back."""
     if threading.current_thread() is not threading.main_thread():
         return {}  # only the main thread may set handlers; the caller's own handling stays
     return take_stop_signals(_interrupted)

@@ -1,5 +1,5 @@
-"""The commands' stop signals (SIGINT, SIGTERM), defined once: taken one way everywhere, one line while a command
-starts, and held off while a child process starts.
+"""The commands' stop signals (SIGINT, SIGTERM, SIGHUP), defined once: taken one way everywhere, one line while a
+command starts, and held off while a child process starts.
 
 ``python -m convert`` and ``python -m train`` spend their first second or
 more importing (numpy, PyAV, torch) before their own handling of the
@@ -10,6 +10,13 @@ it before any heavy import, so this module imports the standard library
 only (and ``import convert``, which runs first, imports nothing). Nothing
 has been written yet in that time, so the stop only has to say its line and
 end the process.
+
+SIGHUP is a stop like SIGTERM: a closed terminal window or a dropped SSH
+session sends it, and a command killed by it lost a training run's work
+since its last checkpoint and said nothing. A process started under
+``nohup`` ignores it, and keeps ignoring it (``take_stop_signals``): that is
+what ``nohup`` asks for. Its line goes to a terminal that may be gone, so
+it is written where a failed write cannot stop the stop (``say``).
 
 A child shares its parent's process group, so Ctrl-C reaches it too, and a
 Python child would print a KeyboardInterrupt traceback if the signal came
@@ -30,16 +37,18 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# The signals that stop a command from outside: Ctrl-C and a polite kill (a scheduler, docker stop).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# The signals that stop a command from outside: Ctrl-C, a polite kill (a scheduler, docker stop), and a closed
+# terminal or a dropped SSH session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def take_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
-    """``handler`` for SIGINT and SIGTERM, but for one this process was started ignoring (``nohup``, a script's
-    background job), which stays ignored as in every well-behaved program. Returns the handlers replaced, for
-    ``put_back``. In the main thread only (where Python sets handlers)."""
+def take_stop_signals(handler: Callable[[int, Any], None],
+                      signals: tuple[int, ...] = STOP_SIGNALS) -> dict[int, Any]:
+    """``handler`` for ``signals`` (the stop signals unless told), but for one this process was started ignoring
+    (``nohup``, a script's background job), which stays ignored as in every well-behaved program. Returns the
+    handlers replaced, for ``put_back``. In the main thread only (where Python sets handlers)."""
     previous: dict[int, Any] = {}
-    for sig in STOP_SIGNALS:
+    for sig in signals:
         current = signal.getsignal(sig)
         if current is not signal.SIG_IGN:
             previous[sig] = current
@@ -53,14 +62,23 @@ def put_back(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
+def say(line: str) -> None:
+    """``line`` (no newline) on stderr from a signal handler: not print, as the signal may have come in the middle
+    of one; and a terminal that hung up (SIGHUP) fails the write, which must not keep the stop from ending the
+    process."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass  # nobody is there to read it
+
+
 def stop_while_starting(line: str) -> dict[int, Any]:
-    """SIGINT and SIGTERM end the process at once, writing ``line`` (one line, no newline) to stderr, with
+    """The stop signals end the process at once, writing ``line`` (one line, no newline) to stderr, with
     status 128 + the signal's number (``take_stop_signals``: one ignored stays ignored). Returns the handlers
     replaced, for ``put_back``."""
-    said = (line + "\n").encode()
 
     def stopped(signum: int, frame: object) -> None:
-        os.write(2, said)  # not print: the signal may have come in the middle of one
+        say(line)
         os._exit(128 + signum)
 
     return take_stop_signals(stopped)
@@ -68,7 +86,7 @@ def stop_while_starting(line: str) -> dict[int, Any]:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Start a child within this: it starts with SIGINT and SIGTERM blocked, until it unblocks them.
+    """Start a child within this: it starts with the stop signals blocked, until it unblocks them.
 
     A child of the job shares its process group, so Ctrl-C reaches it too,
     and a Python child would otherwise print a KeyboardInterrupt traceback

@@ -180,7 +180,8 @@ EXIT_CODES = ("Exit status: 0 sound; 1 OUT is a conversion but reading it failed
 
 
 class _Stopped(BaseException):
-    """SIGINT or SIGTERM during a command that stops cleanly (``verify``): unwinds like KeyboardInterrupt, for both."""
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) during a command that stops cleanly (``verify``): unwinds like
+    KeyboardInterrupt, for every one."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -189,7 +190,7 @@ class _Stopped(BaseException):
 
 @contextlib.contextmanager
 def _stops_raised() -> Iterator[None]:
-    """Within: SIGINT and SIGTERM raise ``_Stopped`` (in the main thread; elsewhere nothing changes)."""
+    """Within: the stop signals raise ``_Stopped`` (in the main thread; elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

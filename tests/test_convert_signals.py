@@ -1,9 +1,11 @@
-"""Ctrl-C and SIGTERM stop a conversion in one line, leave no process behind, and a rerun completes it
-(issue 19, point 9: SIGINT printed tens of lines of KeyboardInterrupt tracebacks, SIGTERM nothing)."""
+"""Ctrl-C, SIGTERM and SIGHUP stop a conversion in one line, leave no process behind, and a rerun completes it
+(issue 19, point 9: SIGINT printed tens of lines of KeyboardInterrupt tracebacks, SIGTERM nothing; issue 40:
+SIGHUP, from a closed terminal, nothing)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +14,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
+from convert.job.supervise import package_env
+from convert.worker import forkserver
+from convert.worker.plan import ConvertConfig
 
 from .conftest import ROOT
 from .convert_helpers import signal_and_wait
@@ -23,21 +29,23 @@ ARGS = ("--workers", "2", "--shards", "3", "--no-progress", "--codec", "lz4")
 
 @contextlib.contextmanager
 def _sigint_taken() -> Iterator[None]:
-    """A process started within takes SIGINT as one started from a terminal does, however this test run was started.
+    """A process started within takes SIGINT and SIGHUP as one started from a terminal does, however this test run
+    was started.
 
     A test run started as a background job of a non-interactive shell (``pytest ... &`` in a script) has
-    SIGINT ignored, and a child inherits that through exec; the job keeps a stop signal it was started
-    ignoring (``cli._stop_on_signals``), so a Ctrl-C did nothing and the job ran to its end: empty stderr,
-    status 0. A handler of this process's own becomes the default in the child instead.
+    SIGINT ignored, one started under ``nohup`` SIGHUP, and a child inherits that through exec; the job keeps
+    a stop signal it was started ignoring (``cli._stop_on_signals``), so a Ctrl-C did nothing and the job ran
+    to its end: empty stderr, status 0. A handler of this process's own (SIGINT's), or the default (SIGHUP's:
+    the test run ends as it would have without nohup), becomes the default in the child instead.
     """
-    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    ignored = [sig for sig in (signal.SIGINT, signal.SIGHUP) if signal.getsignal(sig) is signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     try:
         yield
     finally:
-        if ignored:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _start(src: str, out: str) -> subprocess.Popen:
@@ -73,11 +81,12 @@ def clean_run(synth_videos, tmp_path_factory) -> str:
     return out
 
 
-@pytest.mark.parametrize("sig, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
-                         ids=["ctrl-c", "sigterm-to-the-job", "sigterm-to-its-group"])
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, True)],
+                         ids=["ctrl-c", "sigterm-to-the-job", "sighup-to-its-group"])
 def test_a_stop_signal_is_one_line_and_a_rerun_completes_the_job(synth_videos, clean_run, tmp_path, sig, to_group):
-    """Ctrl-C reaches the job's whole process group (its shard processes and fork server too); ``kill PID``
-    only the job, which must stop the others itself."""
+    """Ctrl-C reaches the job's whole process group (its shard processes and fork server too), and so does a
+    closed terminal's SIGHUP (which ends the shard processes as a SIGTERM to the group does, and which the job
+    said nothing of: issue 40); ``kill PID`` only the job, which must stop the others itself."""
     out = str(tmp_path / "out")
     proc = _start(synth_videos, out)
     deadline = time.monotonic() + 120
@@ -101,18 +110,21 @@ def test_a_stop_signal_is_one_line_and_a_rerun_completes_the_job(synth_videos, c
     assert _shard_content(out) == _shard_content(clean_run)
 
 
-def test_a_stop_signal_the_job_was_started_ignoring_stays_ignored():
-    """``nohup``, or a script's background job (its shell ignores SIGINT there): the job keeps ignoring it, as
-    every well-behaved program does, while SIGTERM still stops it in one line."""
+@pytest.mark.parametrize("ignored", [signal.SIGINT, signal.SIGHUP], ids=["background-job", "nohup"])
+def test_a_stop_signal_the_job_was_started_ignoring_stays_ignored(ignored):
+    """``nohup`` (SIGHUP), or a script's background job (its shell ignores SIGINT there): the job keeps ignoring
+    it, as every well-behaved program does, while the other stop signals still stop it in one line."""
     from convert.cli import _interrupted, _stop_on_signals
+    from convert.signals import STOP_SIGNALS
 
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    signal.signal(ignored, signal.SIG_IGN)
     try:
         replaced = _stop_on_signals()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is _interrupted
-        assert set(replaced) == {signal.SIGTERM}
+        assert signal.getsignal(ignored) is signal.SIG_IGN
+        taken = set(STOP_SIGNALS) - {ignored}
+        assert {sig: signal.getsignal(sig) for sig in taken} == dict.fromkeys(taken, _interrupted)
+        assert set(replaced) == taken
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
@@ -143,7 +155,7 @@ runpy.run_module("convert", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
 def test_a_stop_signal_while_the_command_starts_is_one_line(sig):
     """Before main's handler is in place (importing the command line takes a good part of a second on a busy
     machine): a Ctrl-C printed a KeyboardInterrupt traceback, a SIGTERM ended the job without a word."""
@@ -264,3 +276,31 @@ def test_no_signal_goes_to_a_forked_process_whose_status_has_come_back(monkeypat
         proc._signal(signal.SIGKILL)  # what a kill() that checked the status just before it came back does
         proc.kill()
     assert sent == []
+
+
+@pytest.mark.skipif(not forkserver.available(), reason="no fork server on this platform")
+def test_a_job_started_under_nohup_keeps_ignoring_sighup_in_its_forked_children(tmp_path):
+    """The fork server ignores the stop signals (the job stops it), and its children took SIGHUP back at its
+    default: a job started under ``nohup`` would then stop when its terminal closed, its shard processes
+    killed by the SIGHUP it was started ignoring. They keep the job's: ignored."""
+    forkserver.stop()  # the next spawn starts a server as this job would be started: under nohup
+    before = signal.getsignal(signal.SIGHUP)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with open(os.devnull, "wb") as null:
+            child = forkserver.spawn([json.dumps(ConvertConfig().to_dict())], env=package_env(),
+                                     stderr=null.fileno(), module="convert.worker.probe")
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert child is not None
+    try:
+        child.stdin.write(json.dumps({"path": str(tmp_path / "none.mp4"), "id": "none"}).encode() + b"\n")
+        child.stdin.flush()
+        assert b"error" in child.stdout.readline()  # answered: its signals are set
+        with open(f"/proc/{child.pid}/status") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        assert int(fields["SigIgn"], 16) >> (signal.SIGHUP - 1) & 1
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        forkserver.stop()  # not left for later tests, which are not under nohup

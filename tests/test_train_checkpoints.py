@@ -1,4 +1,5 @@
-"""Checkpoints of long runs: rotation, the best one, resume from the newest complete one, SIGTERM, early stop."""
+"""Checkpoints of long runs: rotation, the best one, resume from the newest complete one, SIGTERM and SIGHUP, early
+stop."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import threading
 import time
 
 from train import checkpoint as ckpt_io
-from train.main import run_argv
-from train.metrics import read_metrics
+from train.engine import StopRequest
+from train.main import main, run_argv, stop_signals
+from train.metrics import MetricsLog, read_metrics
 from train.models import MODELS
+from train.workers import STOP_SIGNALS
 
 from .train_fixtures import (  # noqa: F401
     ROOT,
@@ -160,3 +163,47 @@ def test_sigterm_ends_a_slow_step_within_a_layer_and_resumes_exactly(tiny_data, 
     assert final_state(out)["step"] == 1
     run_argv(common(tiny_data, out) + args + ["--resume"])
     assert_states_equal(final_state(tmp_path / "a")["model"], final_state(out)["model"])
+
+
+def test_sighup_saves_and_says_how_to_resume(tiny_data, tmp_path, monkeypatch, capsys):
+    """A closed terminal or a dropped SSH session (SIGHUP) is a stop like SIGTERM (issue 40: the run died, with
+    nothing saved since the last epoch under the default --ckpt-every 0, and nothing said)."""
+    args = ARGS + ["--epochs", "1", "--ckpt-every", "0"]
+    out = tmp_path / "hup"
+    real_log = MetricsLog.log
+
+    def hang_up_after_step_2(self, record):
+        real_log(self, record)
+        if record.get("kind") == "train" and record.get("step") == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+
+    untaken: list[int] = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: untaken.append(signum))  # not this test run's end
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(MetricsLog, "log", hang_up_after_step_2)
+            assert main(common(tiny_data, out) + args) == 0
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert untaken == []
+    text = capsys.readouterr().out
+    saved = final_state(out)["step"]
+    assert saved == 2 or saved == 3, saved  # the step in progress is abandoned, or ends first under threads
+    assert f"stopped by SIGHUP at step {saved}: checkpoint saved; run the same command with --resume" in text
+    assert ckpt_io.resume_problem(final_state(out)) is None  # a whole checkpoint: the SIGTERM tests resume one
+
+
+def test_a_run_started_under_nohup_keeps_ignoring_sighup():
+    """``nohup`` asks for a run that goes on when its terminal closes: the trainer leaves a stop signal it was
+    started ignoring alone, and takes the others."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        stop = StopRequest()
+        with stop_signals(stop):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert all(signal.getsignal(sig) == stop.handler for sig in STOP_SIGNALS if sig != signal.SIGHUP)
+        assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == {**before, signal.SIGHUP: signal.SIG_IGN}
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

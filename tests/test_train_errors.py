@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from train import checkpoint as ckpt_io
+from train import runfiles
 from train.args import build_parser
 from train.main import main, run_argv
 
@@ -44,6 +46,38 @@ def test_out_holding_a_run_needs_resume_or_overwrite(tiny_data, tmp_path, capsys
     assert open(tmp_path / "run" / "metrics.jsonl").read() == before  # nothing truncated
     assert main(common(tiny_data, tmp_path / "run") + ONE_STEP + ["--overwrite"]) == 0
     assert final_state(tmp_path / "run")["step"] == 1
+
+
+def test_overwrite_leaves_nothing_of_the_previous_run_and_nothing_else_is_removed(tiny_data, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 40: ``--overwrite`` left the previous run's curves.png and summary.json beside the new metrics.jsonl.
+    Every file a run writes goes (those of a longer run with evaluations, TensorBoard and a profile too); the
+    user's files stay, and so does a folder that is a link (a TensorBoard folder shared by several runs)."""
+    out = tmp_path / "run"
+    run_argv(common(tiny_data, out) + ONE_STEP)
+    assert {"curves.png", "summary.json", "metrics.jsonl", "checkpoint.pt"} <= set(os.listdir(out))
+    older = ["checkpoint_step000000099.pt", "checkpoint_best.pt", ".checkpoint.pt.tmp.99", "metrics.jsonl.tmp",
+             "eval/epoch000.json", "eval/final_confusion.png", "eval/val_center_step99.json",
+             "profile/rank0.1700000000000000000.pt.trace.json"]
+    users = ["notes.txt", "eval/mine.json", "checkpoint_step1.pt.bak", "shared/events.out.tfevents.1.host.1.0"]
+    for name in older + users:
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(b"x")
+    os.symlink(out / "shared", out / "tb")
+    real_save = ckpt_io.save_checkpoint
+    at_first_save: list[list[str]] = []
+
+    def listing_save(*a, **kw):
+        at_first_save.append(runfiles.run_files(str(out)))
+        return real_save(*a, **kw)
+
+    monkeypatch.setattr(ckpt_io, "save_checkpoint", listing_save)
+    assert main(common(tiny_data, out) + ONE_STEP + ["--overwrite"]) == 0
+    assert set(at_first_save[0]) <= {"metrics.jsonl"}  # the new run's log, and nothing of the old run
+    assert all((out / name).exists() for name in users)
+    assert not os.path.exists(out / "profile") and os.path.islink(out / "tb")  # emptied and removed; left alone
+    assert sorted(runfiles.run_files(str(out))) == ["checkpoint.pt", "checkpoint_step000000001.pt", "curves.png",
+                                                    "metrics.jsonl", "summary.json"]
 
 
 def test_plain_run_prints_a_summary_and_help_shows_defaults(tiny_data, tmp_path, capsys):

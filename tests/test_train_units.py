@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from train import TrainError
+from train import TrainError, runfiles
 from train import checkpoint as ckpt_io
 from train.autobatch import find_batch_size, plan_batch
 from train.metrics import EvalAccumulator, merge_eval
@@ -71,7 +71,7 @@ def test_checkpoint_is_atomic_and_loads_weights_only(tmp_path):
     with pytest.raises(TrainError, match="not found"):
         ckpt_io.load(str(tmp_path / "nope.pt"))
     (tmp_path / ".checkpoint.pt.tmp.1234").write_bytes(b"half a checkpoint")  # left by a kill -9 mid-save
-    assert ckpt_io.remove_stale_temps(str(tmp_path)) == [".checkpoint.pt.tmp.1234"]
+    assert runfiles.remove_stale_temps(str(tmp_path)) == [".checkpoint.pt.tmp.1234"]
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]
 
 

@@ -44,7 +44,6 @@ import errno
 import hashlib
 import os
 import random
-import re
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -57,9 +56,9 @@ from convert.format.options import RESUME_DATA, RESUME_SAY, RESUME_SHAPE, flag, 
 
 from .config import TrainConfig
 from .errors import MachineError, TrainError
+from .runfiles import BEST, LATEST, METRICS, STEP_FILE, step_name, temp_name
 from .safeload import load_weights_only
 
-LATEST = "checkpoint.pt"
 CHECKSUM = "content_sha256"  # the key save_atomic adds: the SHA-256 of everything else in the file
 
 
@@ -93,10 +92,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
-BEST = "checkpoint_best.pt"
-STEP_FILE = re.compile(r"^checkpoint_step(\d+)\.pt$")
-
-
 def latest_path(out: str) -> str:
     return os.path.join(out, LATEST)
 
@@ -106,7 +101,7 @@ def best_path(out: str) -> str:
 
 
 def step_path(out: str, step: int) -> str:
-    return os.path.join(out, f"checkpoint_step{step:09d}.pt")
+    return os.path.join(out, step_name(step))
 
 
 def step_files(out: str) -> list[tuple[int, str]]:
@@ -129,7 +124,7 @@ def _fsync_dir(folder: str) -> None:
 def link_atomic(src: str, dst: str) -> str:
     """Make ``dst`` name the same file as ``src`` (a hard link, else a copy), replacing ``dst`` atomically."""
     folder = os.path.dirname(os.path.abspath(dst))
-    tmp = os.path.join(folder, f".{os.path.basename(dst)}.tmp.{os.getpid()}")
+    tmp = os.path.join(folder, temp_name(os.path.basename(dst)))
     try:
         try:
             os.link(src, tmp)
@@ -328,15 +323,6 @@ def newest_in_folder(folder: str, flag: str, say: Callable[[str], None]) -> tupl
     return found
 
 
-def remove_run(out: str) -> list[str]:
-    """``--overwrite``: delete a run's checkpoints (step files, latest, best); returns their names."""
-    names = [os.path.basename(p) for _, p in step_files(out)]
-    names += [n for n in (LATEST, BEST) if os.path.isfile(os.path.join(out, n))]
-    for name in names:
-        os.unlink(os.path.join(out, name))
-    return names
-
-
 def _on_cpu(obj: Any) -> Any:
     """``obj`` with every tensor in its dicts, lists and tuples on the CPU (what is hashed and saved, copied from
     a GPU once); other containers are left as they are (``_feed`` and ``torch.save`` copy their tensors)."""
@@ -387,7 +373,7 @@ def save_atomic(obj: dict[str, Any], path: str) -> str:
     (tensors on the CPU) and its ``content_digest`` under ``content_sha256``, which ``load`` checks."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    tmp = os.path.join(folder, temp_name(os.path.basename(path)))
     content = _on_cpu({k: v for k, v in obj.items() if k != CHECKSUM})
     try:
         with open(tmp, "wb") as f:
@@ -406,20 +392,10 @@ def describe_run(out: str) -> str:
     """What of a training run ``out`` holds ("" when none): "checkpoints", or its metrics log."""
     if os.path.isfile(latest_path(out)) or step_files(out):
         return "checkpoints"
-    metrics = os.path.join(out, "metrics.jsonl")
+    metrics = os.path.join(out, METRICS)
     if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
-        return "metrics.jsonl"
+        return METRICS
     return ""
-
-
-def remove_stale_temps(out: str) -> list[str]:
-    """Delete temporary files a killed save left behind in ``out``; returns their names."""
-    if not os.path.isdir(out):
-        return []
-    stale = [f for f in os.listdir(out) if f.startswith(".checkpoint") and ".pt.tmp." in f]
-    for name in stale:
-        os.unlink(os.path.join(out, name))
-    return stale
 
 
 

@@ -263,7 +263,7 @@ class TrainConfig:
              "~320 MB for C3D, and a memcpy per step)", default=True, on_resume=FREE)
     ckpt_every: int = option(
         RUN, "also checkpoint every N optimizer steps (0: at epoch ends, at --max-steps and on "
-             "SIGTERM/SIGINT/SIGUSR1 only)", default=0, ge=0, on_resume=FREE)
+             "SIGTERM/SIGINT/SIGHUP/SIGUSR1 only)", default=0, ge=0, on_resume=FREE)
     keep_last: int = option(
         RUN, "checkpoint_step<N>.pt files kept; checkpoint.pt is the newest and "
              "checkpoint_best.pt the best by validation video top-1", default=3, ge=1, on_resume=FREE)

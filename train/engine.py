@@ -76,8 +76,8 @@ class BestTracker:
 
 
 class StopRequest:
-    """Set by a signal handler (SIGTERM/SIGINT/SIGUSR1: preemption, Ctrl-C); the loop stops at the next step
-    boundary, or sooner where ``stop_checks`` are in place (see there)."""
+    """Set by a signal handler (SIGTERM/SIGINT/SIGHUP/SIGUSR1: preemption, Ctrl-C, a closed terminal); the loop
+    stops at the next step boundary, or sooner where ``stop_checks`` are in place (see there)."""
 
     def __init__(self) -> None:
         self.signal: str | None = None

@@ -47,6 +47,7 @@ from .main import eval_line, model_options, save_eval, torch_threads
 from .metrics import SCORES
 from .models import build_model, strip_prefixes
 from .readerrors import reading
+from .runfiles import checkpoint_eval_name
 from .workers import end_workers_at_exit
 
 
@@ -152,7 +153,8 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     result["checkpoint"], result["step"] = os.path.abspath(path), int(saved.get("step", 0))
     if info.is_main:
         out = opts.out or os.path.dirname(os.path.abspath(path))
-        name = f"{os.path.basename(os.path.normpath(opts.data))}_{result['protocol']['name']}_step{result['step']}"
+        name = checkpoint_eval_name(os.path.basename(os.path.normpath(opts.data)), result["protocol"]["name"],
+                                    result["step"])
         result["files"] = save_eval(out, name, result)
         print(f"eval of {path} (step {result['step']}) on {opts.data} {eval_line(result)}")
         print(f"eval results:      {result['files']['json']}")

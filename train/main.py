@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -19,8 +19,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from convert.signals import put_back, take_stop_signals
+
 from . import checkpoint as ckpt_io
-from . import dist
+from . import dist, runfiles
 from .args import build_parser, check_model_input, crop_size, resolve_config
 from .autobatch import agree_on_batch, find_batch_size
 from .config import TrainConfig
@@ -77,11 +79,9 @@ def run_position(step: int, epoch: int, epoch_step: int, steps_per_epoch: int | 
 
 
 def save_eval(out: str, name: str, result: dict[str, Any]) -> dict[str, str]:
-    """``OUT/eval/NAME.json`` and the confusion matrix beside it as a PNG."""
-    folder = os.path.join(out, "eval")
-    os.makedirs(folder, exist_ok=True)
-    js = os.path.join(folder, f"{name}.json")
-    png = os.path.join(folder, f"{name}_confusion.png")
+    """``OUT/eval/NAME.json`` and the confusion matrix beside it as a PNG (``runfiles.eval_files``)."""
+    js, png = runfiles.eval_files(out, name)
+    os.makedirs(os.path.dirname(js), exist_ok=True)
     with open(js, "w") as f:
         json.dump({k: v for k, v in result.items() if k != "video_scores"}, f, indent=1)
     confusion_png(result["confusion"], result["classes"], png, title=f"video-level confusion ({name})")
@@ -252,21 +252,23 @@ def elastic_sampler_state(saved: dict[str, Any], before: TrainConfig, cfg: Train
 
 @contextlib.contextmanager
 def stop_signals(stop: StopRequest) -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGUSR1 ask the loop to save and stop (preemption on clusters, Ctrl-C): at the next
-    step boundary, or within the step in one process (``engine.stop_checks``).
+    """SIGTERM, SIGINT, SIGHUP and SIGUSR1 ask the loop to save and stop (preemption on clusters, Ctrl-C, a
+    closed terminal or a dropped SSH session): at the next step boundary, or within the step in one process
+    (``engine.stop_checks``).
 
     Installed only in the main thread (where Python delivers signals); the
-    previous handlers come back afterwards, for library callers.
+    previous handlers come back afterwards, for library callers. A signal the
+    process was started ignoring stays ignored (``take_stop_signals``): a run
+    started under ``nohup`` goes on when its terminal closes, as asked.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, stop.handler) for s in STOP_SIGNALS}
+    previous = take_stop_signals(stop.handler, STOP_SIGNALS)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        put_back(previous)
 
 
 def wrap(model: nn.Module, cfg: TrainConfig, info: dist.DistInfo) -> tuple[nn.Module, DistributedDataParallel | None]:
@@ -325,12 +327,14 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     held = ckpt_io.describe_run(cfg.out)
     if held and not cfg.resume and not cfg.overwrite:
         raise TrainError(f"--out {cfg.out} holds a run ({held}): pass --resume to continue it, --overwrite to "
-                         f"start it again (its checkpoints and metrics are replaced), or another --out")
+                         f"start it again (every file of that run is removed), or another --out")
     os.makedirs(cfg.out, exist_ok=True)
     if info.is_main:
-        ckpt_io.remove_stale_temps(cfg.out)  # from a save that a kill interrupted
-        if held and cfg.overwrite and not cfg.resume:
-            ckpt_io.remove_run(cfg.out)
+        runfiles.remove_stale_temps(cfg.out)  # from a save that a kill interrupted
+        if cfg.overwrite and not cfg.resume:
+            # All of the previous run, not only what makes the folder hold one: its curves, summary or
+            # evaluations left beside the new run's files would be read as the new run's.
+            runfiles.remove_run(cfg.out)
     dist.barrier()
 
     # The checkpoint to resume is chosen (the newest that loads, passes its checksum and is whole) and checked
@@ -491,7 +495,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                     state.epoch += 1
                     state.epoch_step = 0
                     if val is not None and cfg.eval_every and state.epoch % cfg.eval_every == 0:
-                        last_eval = evaluated(f"epoch{state.epoch:03d}")
+                        last_eval = evaluated(runfiles.epoch_eval_name(state.epoch))
                     else:
                         save(state)
                     if tracker.exhausted:
@@ -502,7 +506,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                 train_s = time.perf_counter() - t_start
                 interrupted = bool(stopped and stopped.startswith("signal"))
                 if val is not None and not interrupted and (last_eval is None or last_eval[0] != state.step):
-                    last_eval = evaluated("final")
+                    last_eval = evaluated(runfiles.FINAL_EVAL)
             except Interrupted as exc:  # an evaluation cut short: this step's checkpoint is kept, or saved now
                 train_s = time.perf_counter() - t_start
                 if saved_step[0] != state.step:
@@ -525,7 +529,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         if info.is_main:
             summary.update(_speed(read_metrics(log.path)))
             summary["curves"] = save_figures(cfg.out, read_metrics(log.path))
-            with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+            with open(os.path.join(cfg.out, runfiles.SUMMARY), "w") as f:
                 json.dump({k: v for k, v in summary.items() if k != "eval"}, f, indent=1, default=str)
         log.close()
         dist.barrier()
@@ -633,7 +637,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train: error: {exc}", file=sys.stderr)
         return exc.status
     if summary.get("is_main"):
-        print_summary(summary)
+        try:
+            print_summary(summary)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            # The terminal hung up (SIGHUP: its window closed, its SSH session dropped): the run saved and wrote
+            # its files, and nobody is left to read the summary. What is still buffered for the terminal goes
+            # nowhere, rather than failing the exit with a traceback and status 120.
+            null = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):
+                os.dup2(null, fd)
+            os.close(null)
     return 0
 
 

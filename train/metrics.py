@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .runfiles import METRICS, TENSORBOARD
+
 
 class EvalAccumulator:
     """Sums over the clips one rank evaluated."""
@@ -149,7 +151,7 @@ class MetricsLog:
 
     def __init__(self, out: str, enabled: bool, tensorboard: bool = True) -> None:
         self.enabled = enabled
-        self.path = os.path.join(out, "metrics.jsonl")
+        self.path = os.path.join(out, METRICS)
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -157,7 +159,7 @@ class MetricsLog:
             except ImportError:  # tensorboard is optional
                 pass
             else:
-                self.tb = SummaryWriter(os.path.join(out, "tb"))
+                self.tb = SummaryWriter(os.path.join(out, TENSORBOARD))
 
     def start(self, resumed_step: int | None) -> None:
         """A fresh run empties the log; a resumed one drops lines from after its checkpoint (logged, then killed)."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .runfiles import CURVES
+
 
 def _pyplot() -> types.ModuleType | None:
     """matplotlib.pyplot on the Agg backend, or None without matplotlib."""
@@ -141,4 +143,4 @@ def curves_png(rows: list[dict[str, Any]], path: str, *, backend: str = "auto") 
 
 def save_figures(out: str, rows: list[dict[str, Any]]) -> str:
     """``OUT/curves.png`` from the metrics log."""
-    return curves_png(rows, os.path.join(out, "curves.png"))
+    return curves_png(rows, os.path.join(out, CURVES))

@@ -13,6 +13,8 @@ import os
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from .runfiles import PROFILE
+
 # Steps skipped before recording: the first pays for start-up (loader threads,
 # allocator, cuDNN autotuning), the second warms the profiler itself up.
 SKIP, WARMUP = 1, 1
@@ -31,7 +33,7 @@ class StepProfiler:
     def __init__(self, out: str, steps: int, rank: int, device: torch.device) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        self.dir = os.path.join(out, "profile")
+        self.dir = os.path.join(out, PROFILE)
         os.makedirs(self.dir, exist_ok=True)
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":

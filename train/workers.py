@@ -16,14 +16,14 @@ import time
 
 from convert.signals import STOP_SIGNALS as COMMAND_STOP_SIGNALS
 
-# What stops a run (train.main.stop_signals), which its DataLoader workers ignore: the commands' stop signals,
-# and the one a cluster sends before it preempts a job.
+# What stops a run (train.main.stop_signals), which its DataLoader workers ignore: the commands' stop signals
+# (SIGINT, SIGTERM, SIGHUP), and the one a cluster sends before it preempts a job.
 STOP_SIGNALS = (*COMMAND_STOP_SIGNALS, signal.SIGUSR1)
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers ignore SIGTERM/SIGINT/SIGUSR1: a cluster signals the whole process group on
-    preemption, as a terminal's Ctrl-C does, and the trainer (which saves and stops, see
+    """DataLoader workers ignore SIGTERM/SIGINT/SIGHUP/SIGUSR1: a cluster signals the whole process group on
+    preemption, as a terminal's Ctrl-C and its closing do, and the trainer (which saves and stops, see
     train.main.stop_signals) still needs its workers' batches until then; the workers end when the trainer
     closes the loader."""
     for s in STOP_SIGNALS:

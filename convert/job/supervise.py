@@ -250,10 +250,7 @@ def decoder_crash(rc: int | None, phase: int) -> bool:
     and a signal that stops jobs from outside (SIGINT, SIGTERM, SIGHUP) says
     nothing about the video.
     """
-    return rc is not None and rc < 0 and -rc not in _STOP_SIGNALS and phase == DECODING
-
-
-_STOP_SIGNALS = frozenset((*STOP_SIGNALS, signal.SIGHUP))  # and a closed terminal's
+    return rc is not None and rc < 0 and -rc not in STOP_SIGNALS and phase == DECODING
 
 # --video-timeout is the decoder's budget: the seconds a shard process may spend on a video outside its decoder
 # (reading the command, storing the clips) are counted apart, against this much (or the timeout, when longer),
@@ -328,7 +325,7 @@ def _run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[i
         child.close()
         if machine:
             return stop_for_machine(machine)
-        if rc is not None and -rc in _STOP_SIGNALS:
+        if rc is not None and -rc in STOP_SIGNALS:
             return Stopped(-rc)
         return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {child.failure(rc)}; "
                            f"see {child.log_path}")
@@ -406,7 +403,7 @@ def _run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[i
                 if machine:
                     child.close()
                     raise stop_for_machine(machine, video)
-                if rc is not None and -rc in _STOP_SIGNALS:
+                if rc is not None and -rc in STOP_SIGNALS:
                     # Stopped from outside (a SIGTERM to the job's process group): the job stops too.
                     child.close()
                     raise Stopped(-rc)

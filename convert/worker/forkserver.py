@@ -41,7 +41,7 @@ import threading
 import traceback
 from typing import IO
 
-from ..signals import stop_signals_blocked, unblock_stop_signals
+from ..signals import STOP_SIGNALS, stop_signals_blocked, unblock_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +366,10 @@ def _run_child(module: str, argv: list[str]) -> int:
         return 1
 
 
+# Whether the fork server was started ignoring SIGHUP (nohup), for its children (``serve``, ``_child``).
+_hangup_ignored = False
+
+
 def _child(fds: list[int], request: dict, close: list[int]) -> None:
     stdin_fd, stdout_fd, stderr_fd, status_fd, *keep = fds
     for fd in [status_fd, *close]:
@@ -373,9 +377,11 @@ def _child(fds: list[int], request: dict, close: list[int]) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # Ctrl-C reaches the whole process group, children too: the job stops them itself (it kills them), so
-    # they ignore it rather than print a KeyboardInterrupt each. SIGTERM ends them quietly, as it would.
+    # they ignore it rather than print a KeyboardInterrupt each. SIGTERM ends them quietly, as it would, and so
+    # does a closed terminal's SIGHUP, unless the job was started ignoring it (nohup), as the server was.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if _hangup_ignored else signal.SIG_DFL)
     for fd, target in ((stdin_fd, 0), (stdout_fd, 1), (stderr_fd, 2)):
         os.dup2(fd, target)
     for fd in {stdin_fd, stdout_fd, stderr_fd} - {0, 1, 2}:
@@ -414,8 +420,10 @@ def serve(fd: int) -> int:
     # Ctrl-C or a SIGTERM to the job's process group is for the job, which stops its children and then
     # this server; the server always ends with the job (its socket closes), and only once it has reported
     # every child's exit status.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    global _hangup_ignored
+    _hangup_ignored = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    for sig in STOP_SIGNALS:  # a closed terminal's SIGHUP too
+        signal.signal(sig, signal.SIG_IGN)
     unblock_stop_signals()  # blocked since it started (stop_signals_blocked): ignored from now on
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
