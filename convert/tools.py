@@ -24,7 +24,7 @@ from .store.cache.verify import verify_url
 from .store.remote import is_url
 from .store.store import ClipStore
 from .store.verify import verify
-from .worker.sources import SourceError, csv_rows, csv_video_id, printable
+from .worker.sources import SourceError, csv_labels, csv_rows, label_conflicts, printable
 
 
 def inspect_summary(out: str, *, cache: CacheSettings | None = None, listed: dict[str, str] | None = None) -> dict:
@@ -71,18 +71,17 @@ AGAINST_COLUMNS = ("annotated", "converted", "missing", "failed", "short")
 def annotated_videos(csv_path: str, *, split: str | None = None) -> dict[str, str]:
     """Video id -> class name of every usable row of a Kinetics annotation CSV (the ids ``python -m convert``
     gives its videos: ``<youtube_id>_<start:06d>_<end:06d>``); rows of another ``split`` left out. A row that
-    names no clip (a bad time, no label) is no video of the list. SourceError for a file that is not such a CSV."""
-    out = {}
-    for _, row in csv_rows(csv_path):
-        if split is not None and row.get("split", "") != split:
-            continue
-        try:
-            vid = csv_video_id(row)
-        except ValueError:
-            continue
-        if row["label"] and row["youtube_id"]:
-            out[vid] = row["label"]
-    return out
+    names no clip (a bad time, no label) is no video of the list; one repeated with its label is the one video.
+    SourceError for a file that is not such a CSV, and for two rows that label one video differently: which
+    class it belongs to is not known, so neither count could be right."""
+    named = list(csv_labels(csv_rows(csv_path), split))
+    conflicts = label_conflicts(named)
+    if conflicts:
+        first = next(iter(conflicts.values()))  # the first found, reading the file from its top
+        more = f" (and {len(conflicts) - 1} more video(s) labelled twice)" if len(conflicts) > 1 else ""
+        raise SourceError(f"{csv_path}: {first.describe()}{more}: the comparison would be ambiguous; keep one "
+                          f"label per video")
+    return {vid: label for _, vid, label in named}
 
 
 def against(store: ClipStore, listed: dict[str, str]) -> dict:

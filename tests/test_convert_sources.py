@@ -401,3 +401,57 @@ def test_a_file_name_that_is_not_utf8_is_rejected_with_its_bytes_escaped_and_the
                        "reason": "folder name is not valid UTF-8 (shown with its bytes escaped): the videos in "
                                  "it are not converted; rename it"}}
     assert json.load(open(os.path.join(out, "manifest.json")))["status_counts"] == {"padded": 2, "rejected": 2}
+
+
+def test_csv_with_a_byte_order_mark_reads_as_without_one(tmp_path):
+    """A spreadsheet's "CSV UTF-8" starts with a byte-order mark, which was read as part of the first column's
+    name: the CSV seemed to lack its ``label`` column (issue 40), for the conversion and ``inspect --against``
+    alike. A list file's first path had it too. (The index of a video root looks at names only.)"""
+    from convert.tools import annotated_videos
+
+    root = tmp_path / "videos"
+    root.mkdir()
+    (root / "abc_000010_000020.mp4").write_bytes(b"x")
+    text = CSV_HEADER + "abseiling,abc,10,20,train\nabseiling,bad,x,1,train\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(text)
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    got = from_csv(str(marked), str(root))
+    assert [it.id for it in got.items] == ["abc_000010_000020"]
+    assert [p.reason for p in got.problems] == ["line 3: time_start 'x' is not a number"]  # its lines as they are
+    assert got.classes == from_csv(str(plain), str(root)).classes == ["abseiling"]
+    assert annotated_videos(str(marked)) == annotated_videos(str(plain)) == {"abc_000010_000020": "abseiling"}
+    (root / "list.txt").write_bytes(b"\xef\xbb\xbfabc_000010_000020.mp4 0\n")
+    assert [it.id for it in from_list(str(root / "list.txt")).items] == ["abc_000010_000020"]
+
+
+def test_csv_rows_that_label_one_video_differently_are_named_by_their_lines(tmp_path):
+    """Issue 40: the last row won without a word. ``inspect --against`` refuses the list in one line naming the
+    file and both lines (its counts would depend on which row is right); the conversion converts neither row
+    and reports them; a row repeated with its label is the one video in both."""
+    from convert.tools import annotated_videos
+
+    root = tmp_path / "videos"
+    root.mkdir()
+    for name in ("abc_000010_000020", "def_000000_000010", "xyz_000000_000010"):
+        (root / f"{name}.mp4").write_bytes(b"x")
+    csv = tmp_path / "k.csv"
+    csv.write_text(CSV_HEADER + "run,abc,10,20,train\nswim,def,0,10,train\nswim,def,0,10,train\n"
+                   "jump,xyz,0,10,train\nrun,xyz,0,10,val\nswim,abc,10,20,train\n")
+    with pytest.raises(SourceError) as caught:
+        annotated_videos(str(csv))
+    assert str(caught.value) == (f"{csv}: lines 5 and 6 both name video xyz_000000_000010, labelled 'jump' and "
+                                 f"'run' (and 1 more video(s) labelled twice): the comparison would be "
+                                 f"ambiguous; keep one label per video")
+    # Within a split only its rows count: xyz's val row is another split's.
+    with pytest.raises(SourceError, match=r"k.csv: lines 2 and 7 both name video abc_000010_000020, labelled "
+                                          r"'run' and 'swim': the comparison would be ambiguous"):
+        annotated_videos(str(csv), split="train")
+    assert annotated_videos(str(csv), split="val") == {"xyz_000000_000010": "run"}
+    src = from_csv(str(csv), str(root), split="train")
+    assert [(it.id, src.classes[it.label]) for it in src.items] == [("def_000000_000010", "swim"),
+                                                                      ("xyz_000000_000010", "jump")]
+    assert [(p.id, p.status, p.reason) for p in src.problems] == [
+        ("abc_000010_000020", "rejected", "lines 2 and 7 both name video abc_000010_000020, labelled 'run' and "
+                                          "'swim': which one is right is not known"),
+        ("def_000000_000010", "rejected", "duplicate video id")]

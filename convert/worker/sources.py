@@ -2,8 +2,9 @@
 
 Every source becomes a sorted list of ``VideoItem`` plus the class names; entries
 that cannot be used (missing file, path escaping the video root, duplicate id,
-a file that is no regular file, a name that is not UTF-8, a folder that cannot
-be read, a symbolic link looping back to a folder above it) are returned as
+a video that two CSV rows label differently, a file that is no regular file, a
+name that is not UTF-8, a folder that cannot be read, a symbolic link looping
+back to a folder above it) are returned as
 ``Problem`` records instead of raising, so a 240k-video job reports them and
 goes on. What would change the meaning of every entry (the class list, the
 labels, a class name holding a control character) stops the job instead,
@@ -13,6 +14,7 @@ not depend on the working directory of the run that wrote it.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import errno
 import io
@@ -20,7 +22,7 @@ import math
 import os
 import stat
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -75,11 +77,14 @@ def _inside(root: str, rel: str) -> str | None:
 
 
 def read_text(path: str, what: str) -> str:
-    """The UTF-8 text of the source file ``path`` (a CSV, a list, a class list); SourceError naming the file,
-    and the line of the first byte that is not UTF-8.
+    """The UTF-8 text of the source file ``path`` (a CSV, a list, a class list), without the byte-order mark that
+    some programs (a spreadsheet saving "CSV UTF-8") put first; SourceError naming the file, and the line of
+    the first byte that is not UTF-8.
 
     Read whole and decoded at once, so an error can say where: a line
-    number, not an offset into a decoder's buffer.
+    number, not an offset into a decoder's buffer. The mark was read as part
+    of the first column's name, so a CSV with one seemed to lack its ``label``
+    column.
     """
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
@@ -88,6 +93,8 @@ def read_text(path: str, what: str) -> str:
             data = fh.read()
     except OSError as exc:
         raise SourceError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]  # no line break in it: the line numbers stay the file's
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -433,6 +440,44 @@ def csv_video_id(row: dict[str, str]) -> str:
     return f"{row['youtube_id']}_{start:06d}_{end:06d}"
 
 
+class LabelConflict(NamedTuple):
+    """Two rows of an annotation list that name one video with different labels: (line, label) each, in order."""
+
+    video: str
+    line: int
+    label: str
+    other_line: int
+    other_label: str
+
+    def describe(self) -> str:
+        return (f"lines {self.line} and {self.other_line} both name video {self.video}, labelled "
+                f"{self.label!r} and {self.other_label!r}")
+
+
+def label_conflicts(named: Iterable[tuple[int, str, str]]) -> dict[str, LabelConflict]:
+    """The videos that rows (line, video id, label) label twice, differently: video id -> its first such pair,
+    in the order of the lines. Rows repeated with the same label are no conflict (one row says it all)."""
+    first: dict[str, tuple[int, str]] = {}
+    found: dict[str, LabelConflict] = {}
+    for n, vid, label in sorted(named):
+        if vid not in first:
+            first[vid] = (n, label)
+        elif first[vid][1] != label and vid not in found:
+            found[vid] = LabelConflict(vid, *first[vid], n, label)
+    return found
+
+
+def csv_labels(rows: list[tuple[int, dict[str, str]]], split: str | None) -> Iterator[tuple[int, str, str]]:
+    """(line, video id, label) of each row of ``split`` (every row: None) that names a clip and has a label."""
+    for n, row in rows:
+        if not row["label"] or not row["youtube_id"] or (split is not None and row.get("split", "") != split):
+            continue
+        try:
+            yield n, csv_video_id(row), row["label"]
+        except ValueError:
+            continue  # names no clip: no video of the list
+
+
 def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_file: str | None = None) -> Source:
     """Kinetics annotations; files found flat or in class folders under ``videos``."""
     if not os.path.isdir(videos):
@@ -440,6 +485,9 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
     csv_path, videos = os.path.abspath(csv_path), os.path.abspath(videos)
     rows, malformed = csv_table(csv_path)
     index, unusable, problems = _index_tree(videos)
+    # A video two rows label differently has no label to trust: neither row is converted (rows repeated alike
+    # are the one video, the repeat a duplicate as in any source).
+    conflicts = label_conflicts(csv_labels(rows, split))
     entries = []
     lines: list[tuple[int, dict[str, str], str | None]] = [(n, row, None) for n, row in rows]
     lines = sorted(lines + list(malformed), key=lambda line: line[0])
@@ -459,6 +507,11 @@ def from_csv(csv_path: str, videos: str, *, split: str | None = None, classes_fi
             continue
         if not row["label"]:
             problems.append(Problem(stem, csv_path, "rejected", f"line {n}: no label"))
+            continue
+        if stem in conflicts:
+            if conflicts[stem].line == n:  # said once, for its first row
+                problems.append(Problem(stem, csv_path, "rejected",
+                                        f"{conflicts[stem].describe()}: which one is right is not known"))
             continue
         if not yid or "/" in yid or "\\" in yid or yid.startswith("."):
             problems.append(Problem(stem, csv_path, "rejected",
