@@ -271,6 +271,48 @@ def test_a_bad_manifest_is_the_same_one_line_through_a_url_as_from_a_folder(tiny
     assert "\n" not in errors[0] and errors[0].startswith(path + ": the manifest is ")
 
 
+@pytest.mark.parametrize("listed, words", [
+    ("evil.txt", "shard_files lists 'evil.txt' for shard {shard}, which is no file of its backend's shards"),
+    ("lock.mdb", "shard_files lists 'lock.mdb' for shard {shard}, which is no file of its backend's shards"),
+    ("data.mdb", "shard_files[\"{shard}\"]: file 'data.mdb' is listed twice"),
+], ids=["a stranger's file", "the database's lock", "a data file twice"])
+def test_a_manifest_listing_other_files_than_the_backends_is_refused_before_anything_is_copied(
+        tiny_data, tmp_path, listed, words):
+    """Issue 40: names in a remote manifest's ``shard_files`` that are not the backend's files were copied into
+    the cache's shard folder (FORMAT.md: the list holds exactly them). Refused in one line naming the manifest,
+    the shard and the name when the manifest is read, before the cache holds anything of the shard; and by an
+    upload of a local conversion so listed, which would copy them to the bucket."""
+    import hashlib
+    import shutil
+
+    from convert.store import manifest_at
+    from convert.store.upload import upload_conversion
+
+    folder = tmp_path / "data"
+    shutil.copytree(tiny_data, folder)
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    shard = manifest["shards"][0]
+    body = b"planted by a stranger"
+    if listed != "data.mdb":
+        (folder / shard["path"] / listed).write_bytes(body)  # there to be copied, as a stranger would put it
+    manifest["shard_files"][shard["name"]].append({"name": listed, "bytes": len(body),
+                                                   "sha256": hashlib.sha256(body).hexdigest()})
+    path.write_text(json.dumps(manifest))
+    url = f"file://{folder}"
+    for read in (lambda: open_clips(url, cache=_settings(tmp_path)), lambda: manifest_at(url)):
+        with pytest.raises(FormatError) as err:
+            read()
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"{url}/manifest.json: "), msg
+        assert words.format(shard=shard["name"]) in msg, msg
+    assert not any(listed in p for p in _files_under(tmp_path / "cache"))
+    if listed != "data.mdb":  # the parser refuses a name twice for a local conversion too
+        with pytest.raises(FormatError, match=f"lists '{listed}' for shard {shard['name']}"):
+            upload_conversion(str(folder), f"file://{tmp_path / 'bucket'}")
+        assert not any(listed in p for p in _files_under(tmp_path / "bucket"))
+
+
 # -- the cache's own disk -----------------------------------------------------------------------------------------
 
 

@@ -346,10 +346,29 @@ class ShardFiles:
         """Whether ``name`` is one of the small files the shard is indexed from."""
         return _matches(self.index, name) and self.is_data(name)
 
-    def listed(self, entry: ShardEntry, found: Iterable[str]) -> list[str]:
+    def check_listed(self, entry: ShardEntry, where: str) -> None:
+        """FormatError (one line naming ``where``, the manifest, the shard and the name) when the files its manifest
+        lists for shard ``entry`` (``shard_files``) include one that is not a data file of this backend.
+
+        FORMAT.md: the list holds exactly the backend's files. A manifest
+        from a bucket is written by whoever can write the bucket, and the
+        list says what a cache or an uploader copies into a shard's folder:
+        any other name (a second database's lock file, a file of anyone's
+        choosing) would be copied there. The manifest's parser has checked
+        the names are plain and distinct; which names are data is the
+        backend's to say.
+        """
+        for f in entry.shard_files or ():
+            if not self.is_data(f.name):
+                raise FormatError(f"{where}: shard_files lists {f.name!r} for shard {entry.name}, which is no file "
+                                  f"of its backend's shards; the manifest is malformed")
+
+    def listed(self, entry: ShardEntry, found: Iterable[str], where: str = "manifest.json") -> list[str]:
         """The names of the files of the shard ``entry`` describes: those its manifest entry lists (format version
-        3), or, in a version 2 manifest, those of ``found`` (a folder's or a listing's names) that are data."""
+        3; FormatError, as ``check_listed``, for one that is not data), or, in a version 2 manifest, those of
+        ``found`` (a folder's or a listing's names) that are data."""
         if entry.shard_files is not None:
+            self.check_listed(entry, where)
             return [f.name for f in entry.shard_files]
         return sorted(name for name in found if self.is_data(name))
 

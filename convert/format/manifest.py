@@ -218,8 +218,11 @@ def _shard_files(value: Any, where: str) -> tuple[ShardFile, ...]:
     if not isinstance(value, list) or not value:
         raise FormatError(f"{where} is {_short(value)}, expected a non-empty list")
     out = tuple(ShardFile.from_dict(f, f"{where}[{k}]") for k, f in enumerate(value))
-    if len({f.name for f in out}) != len(out):
-        raise FormatError(f"{where}: a file is listed twice")
+    seen: set[str] = set()
+    for f in out:
+        if f.name in seen:
+            raise FormatError(f"{where}: file {f.name!r} is listed twice")
+        seen.add(f.name)
     return out
 
 

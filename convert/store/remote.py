@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import asyncio  # imported where a file system is made (fsspec's import does anyway): 30 ms for local readers
 
+from convert.format.backends import BACKENDS
 from convert.format.base import hexdigest_of
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import MANIFEST, MAX_JSON_BYTES, parse_json
@@ -381,9 +382,22 @@ def read_remote_json(remote: Remote, rel: str, what: str) -> tuple[bytes, Any]:
 
 def read_remote_manifest(remote: Remote) -> tuple[bytes, Manifest]:
     """(bytes, checked manifest) of the conversion at ``remote``: the one reader of a remote ``manifest.json``,
-    with a local manifest's guards (``read_remote_json``, then ``Manifest.from_dict``); FormatError naming its URL."""
+    with a local manifest's guards (``read_remote_json``, then ``Manifest.from_dict``); FormatError naming its URL.
+
+    Each shard's listed files are checked against its backend's
+    (``ShardFiles.check_listed``) as it is read, before anything is fetched:
+    the list says what a cache copies into a shard's folder, and whoever can
+    write the bucket writes it. A backend this process does not have is said
+    where the conversion is opened, as for a local one.
+    """
     raw, parsed = read_remote_json(remote, MANIFEST, "manifest")
-    return raw, Manifest.from_dict(parsed, remote.join(MANIFEST))
+    url = remote.join(MANIFEST)
+    manifest = Manifest.from_dict(parsed, url)
+    if manifest.data.backend in BACKENDS:
+        files = BACKENDS[manifest.data.backend].files
+        for entry in manifest.shards:
+            files.check_listed(entry, url)
+    return raw, manifest
 
 
 __all__ = ["ATTEMPTS", "READ_ONLY", "Remote", "RemoteError", "check_url", "classify", "is_url", "read_remote_json",

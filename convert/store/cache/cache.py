@@ -209,7 +209,8 @@ class ShardCache:
             # whoever can write the bucket) is neither downloaded nor counted.
             found = {k[len(prefix):]: v for k, v in listed.items() if k.startswith(prefix)}
             sizes = {f.name: f.bytes for f in s.shard_files or ()}
-            mine = {name: sizes.get(name, found[name]) for name in files.listed(s, found) if name in found}
+            mine = {name: sizes.get(name, found[name]) for name in files.listed(s, found, self.remote.join(MANIFEST))
+                    if name in found}
             if not mine:
                 raise ShardMissing(f"{self.remote.join(s.path)}: the manifest names shard {s.name}, no object "
                                    f"is there")
