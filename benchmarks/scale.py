@@ -549,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         print("|" + "---|" * len(keys))
         for row in starts:
             print("| " + " | ".join(f"{row[k]:.3g}" if isinstance(row[k], float) else f"{row[k]}/{row['starts']}"
-                                    if k == "started" else str(row[k]) for k in keys) + " |")
+                                    if k == "started" else "-" if row[k] is None else str(row[k]) for k in keys)
+                  + " |")
     return 0
 
 
