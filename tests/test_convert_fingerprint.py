@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 
 import pytest
 
-from convert.format import read_manifest
+from convert.format import get_backend, read_manifest
+from convert.format.base import read_back_summary
+from convert.format.layout import file_sha256
+from convert.format.manifest import CONTENT_KEY, LEGACY_CONTENT_KEY, DataSpec, content_fingerprint
 from convert.job.run import JobOptions, run_job
 from convert.store.verify import verify
 from convert.tools import main as tools_main
@@ -36,7 +40,7 @@ def test_the_fingerprint_depends_on_the_clips_only(tiny_synthetic_tree, tmp_path
     b = _convert(moved, str(tmp_path / "b"), workers=2, shards=3, backend="tfrecord")
     fa, fb = read_manifest(a).fingerprint, read_manifest(b).fingerprint
     assert fa is not None and len(fa) == 64 and fa == fb
-    assert len(read_manifest(b).shards) == 3 and all("content" in s.extras for s in read_manifest(b).shards)
+    assert len(read_manifest(b).shards) == 3 and all(CONTENT_KEY in s.extras for s in read_manifest(b).shards)
     assert verify(a)[0] == [] and verify(b)[0] == []
     capsys.readouterr()
     assert tools_main(["inspect", a]) == 0
@@ -57,15 +61,98 @@ def test_verify_says_when_a_fingerprint_or_a_content_sum_does_not_fit(tiny_synth
     json.dump(manifest, open(path, "w"))
     assert verify(out)[0] == [f"manifest: fingerprint {'0' * 16}... does not follow from its shards' content sums"]
     manifest = json.load(open(path))
-    good = manifest["shards"][1]["content"]
-    manifest["shards"][1]["content"] = "f" * 64
+    good = manifest["shards"][1][CONTENT_KEY]
+    manifest["shards"][1][CONTENT_KEY] = "f" * 512
     json.dump(manifest, open(path, "w"))
     problems = verify(out)[0]
     name = manifest["shards"][1]["name"]
-    assert f"{name}: content sum {good[:16]}... differs from manifest {'f' * 16}..." in problems
-    manifest["shards"][1]["content"] = "not hex"
+    assert (f"{name}: content sum {good[:16]}... differs from manifest {'f' * 16}...: its clips are not the bytes "
+            f"the conversion wrote") in problems
+    manifest["shards"][1][CONTENT_KEY] = "0" * 16
     json.dump(manifest, open(path, "w"))
-    assert verify(out)[0] == [f"{path}: shards[1]: content \"not hex\" is not 64 lowercase hex digits"]
+    assert verify(out)[0] == [f"{path}: shards[1]: content_sum \"{'0' * 16}\" is not 512 lowercase hex digits"]
+
+
+def test_a_conversion_written_before_the_payloads_counted_keeps_its_fingerprint(tiny_synthetic_tree, tmp_path):
+    """A manifest of an earlier release (64-digit sums of clip headers under ``content``): verify follows its
+    fingerprint from those sums and recomputes none of them, so an old conversion is never reported damaged."""
+    out = _convert(tiny_synthetic_tree, str(tmp_path / "a"), workers=1, shards=2)
+    path = os.path.join(out, "manifest.json")
+    manifest = json.load(open(path))
+    sums = [f"{k + 1:064x}" for k in range(len(manifest["shards"]))]
+    for shard, legacy in zip(manifest["shards"], sums):
+        del shard[CONTENT_KEY]
+        shard[LEGACY_CONTENT_KEY] = legacy
+    manifest["fingerprint"] = content_fingerprint(DataSpec.from_dict(manifest, path), sums, bits=256)
+    json.dump(manifest, open(path, "w"))
+    assert verify(out)[0] == []
+    manifest["shards"][0][LEGACY_CONTENT_KEY] = "f" * 64
+    json.dump(manifest, open(path, "w"))
+    assert verify(out)[0] == [f"manifest: fingerprint {manifest['fingerprint'][:16]}... does not follow from its "
+                              f"shards' content sums"]
+
+
+def _crc_filler(data: bytes, crc: int) -> bytes:
+    """The 4 bytes that, after ``data``, make the CRC-32 ``crc``: a CRC is affine in its input over GF(2), so
+    the 32 filler bits solve 32 linear equations (Gaussian elimination on each bit's effect)."""
+    state = zlib.crc32(data)
+    base = zlib.crc32(bytes(4), state)
+    basis: dict[int, tuple[int, int]] = {}  # pivot bit -> (effect on the CRC, filler bits that make it)
+    for bit in range(32):
+        effect, filler = zlib.crc32((1 << bit).to_bytes(4, "little"), state) ^ base, 1 << bit
+        for pivot in sorted(basis, reverse=True):
+            if effect >> pivot & 1:
+                effect, filler = effect ^ basis[pivot][0], filler ^ basis[pivot][1]
+        if effect:
+            basis[effect.bit_length() - 1] = (effect, filler)
+    want, filler = crc ^ base, 0
+    for pivot in sorted(basis, reverse=True):
+        if want >> pivot & 1:
+            want, filler = want ^ basis[pivot][0], filler ^ basis[pivot][1]
+    if want:
+        raise ValueError("no filler makes that CRC-32")
+    return filler.to_bytes(4, "little")
+
+
+def test_a_forged_clip_with_the_same_crc_changes_the_fingerprint_and_verify_names_its_shard(
+        tiny_synthetic_tree, tmp_path):
+    """One video's clip replaced by another video's pictures, 4 filler bytes keeping its CRC-32, and the file
+    checksums in the manifest recomputed as a forger would: every CRC-32 and the shard checksum still hold,
+    but the content sum and so the fingerprint change, and verify says so in one line naming the shard."""
+    out = _convert(tiny_synthetic_tree, str(tmp_path / "a"), workers=1, shards=1)
+    manifest = read_manifest(out)
+    shard = manifest.shard_path(out, 0)
+    reader = get_backend("lmdb").reader(shard)
+    try:
+        clips = [(bytes(h), head, bytes(p)) for h, head, p in reader.iter_clips()]
+    finally:
+        reader.close()
+    (_, victim, real), (_, _, other) = next(
+        (a, b) for a in clips for b in clips if a[1].video_id != b[1].video_id and len(a[2]) == len(b[2]))
+    forged = other[:-4] + _crc_filler(other[:-4], victim.crc32)
+    assert zlib.crc32(forged) == victim.crc32 and len(forged) == len(real) and forged != real
+    data_path = os.path.join(shard, "data.mdb")
+    data = open(data_path, "rb").read()
+    assert data.count(real) == 1
+    open(data_path, "wb").write(data.replace(real, forged))
+    path = os.path.join(out, "manifest.json")
+    raw = json.load(open(path))
+    files = raw["shard_files"][manifest.shards[0].name]
+    raw["shard_files"][manifest.shards[0].name] = [
+        {**f, "sha256": file_sha256(os.path.join(shard, f["name"]))} for f in files]
+    json.dump(raw, open(path, "w"))
+
+    reader = get_backend("lmdb").reader(shard)
+    try:
+        summary = read_back_summary(reader)
+    finally:
+        reader.close()
+    recorded = manifest.shards[0].extras[CONTENT_KEY]
+    assert summary["sha256"] == manifest.shards[0].sha256  # the headers, CRC-32s included, are as written
+    assert summary[CONTENT_KEY] != recorded
+    assert content_fingerprint(manifest.data, [summary[CONTENT_KEY]]) != manifest.fingerprint
+    assert verify(out)[0] == [f"{manifest.shards[0].name}: content sum {summary[CONTENT_KEY][:16]}... differs from "
+                              f"manifest {recorded[:16]}...: its clips are not the bytes the conversion wrote"]
 
 
 CSV_HEAD = "label,youtube_id,time_start,time_end,split\n"

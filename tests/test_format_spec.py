@@ -173,21 +173,22 @@ def spec_read(out: str) -> tuple[list[str], list[tuple[str, int, int, np.ndarray
             for c in range(rec["clips"]):
                 header, payload = stored[(rec["video_id"], c)]
                 h.update(header)
-                video.update(header)
+                video.update(header + payload)
                 value_bytes += len(header) + len(payload)
                 vid, index, label, arr = _parse_value(header, payload)
                 assert (vid, index, label) == (rec["video_id"], c, rec["label"])
                 clips.append((vid, index, label, arr))
             if rec["clips"]:
-                share = (share + int.from_bytes(video.digest(), "big")) % 2**256
+                wide = hashlib.shake_256(video.digest()).digest(256)
+                share = (share + int.from_bytes(wide, "big")) % 2**2048
         assert h.hexdigest() == shard["sha256"] and value_bytes == shard["value_bytes"]
-        assert shard["content"] == f"{share:064x}"
-        total = (total + share) % 2**256
+        assert shard["content_sum"] == f"{share:0512x}"
+        total = (total + share) % 2**2048
         assert sum(r["clips"] for r in records) == len(stored) == shard["clips"]
     settings = {k: manifest[k] for k in ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip",
                                          "quality") if k in manifest}
     text = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    assert manifest["fingerprint"] == hashlib.sha256(text.encode() + total.to_bytes(32, "big")).hexdigest()
+    assert manifest["fingerprint"] == hashlib.sha256(text.encode() + total.to_bytes(256, "big")).hexdigest()
     return manifest["classes"], clips
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from .codecs import Codec, get_codec
 from .errors import FormatError
 from .layout import HEADER_SIZE, ClipHeader, file_sha256, hexdigest_of, pack_header, plain_name
-from .manifest import DATA_KEYS, ShardEntry, ShardFile
+from .manifest import CONTENT_BITS, CONTENT_KEY, DATA_KEYS, ShardEntry, ShardFile
 from .payload import ClipEncoder
 from .records import VideoRecord
 
@@ -37,18 +37,18 @@ from .records import VideoRecord
 SUMMARY_KEYS = ("videos", "clips", "value_bytes", "sha256")
 
 
-CONTENT_KEY = "content"  # a shard's share of the conversion's content fingerprint, in its summary and entry
-
-
 class ContentSum:
     """A shard's share of its conversion's content fingerprint (FORMAT.md, *Content fingerprint*).
 
-    Per video, SHA-256 over its clips' headers in clip order (each header
-    names the video, the clip, its label, shape, codec and its payload's
-    CRC-32 and length); the share is the sum of those digests modulo 2**256.
-    A sum, so that the fingerprint of a conversion is the same however its
-    videos were dealt over shards and processes. Feed it the headers of a
-    shard in reading order (a video's clips are consecutive there).
+    Per video, SHA-256 over its clips' values (header bytes, then payload)
+    in clip order: every byte stored of its clips. That digest is widened
+    with SHAKE256 to ``CONTENT_BITS`` and the share is the sum of
+    the widened digests modulo 2**``CONTENT_BITS``: a sum, so that the
+    fingerprint of a conversion is the same however its videos were dealt
+    over shards and processes; this wide, so that no choice of many forged
+    videos steers it (a narrow sum of hashes falls to the generalized
+    birthday attack). Feed it the clips of a shard in reading order (a
+    video's clips are consecutive there).
     """
 
     def __init__(self) -> None:
@@ -56,39 +56,45 @@ class ContentSum:
         self._video: bytes | None = None
         self._hash: Any = None
 
-    def add(self, header: bytes | memoryview) -> None:
-        """One clip's header bytes (``HEADER_SIZE`` + its id's length)."""
+    def add(self, header: bytes | memoryview, payload: bytes | memoryview) -> None:
+        """One clip: its header bytes (``HEADER_SIZE`` + its id's length) and its payload as stored."""
         video = bytes(header[HEADER_SIZE:])
         if video != self._video:
             self._close()
+            # SHA-256 over the bulk: the hash with an instruction of its own in current CPUs (x86 SHA-NI, ARMv8
+            # SHA2), where BLAKE2b runs in software.
             self._video, self._hash = video, hashlib.sha256()
         self._hash.update(header)
+        self._hash.update(payload)
 
     def _close(self) -> None:
         if self._hash is not None:
-            self.total = (self.total + int.from_bytes(self._hash.digest(), "big")) % (1 << 256)
+            wide = hashlib.shake_256(self._hash.digest()).digest(CONTENT_BITS // 8)
+            self.total = (self.total + int.from_bytes(wide, "big")) % (1 << CONTENT_BITS)
             self._hash = None
 
     def hexdigest(self) -> str:
-        """The share as 64 lowercase hex digits."""
+        """The share as ``CONTENT_BITS`` / 4 lowercase hex digits."""
         self._close()
-        return f"{self.total:064x}"
+        return f"{self.total:0{CONTENT_BITS // 4}x}"
 
 
-def summarize_headers(headers: Iterator[bytes | memoryview]) -> tuple[str, str]:
-    """(the shard checksum; the shard's ``ContentSum``) in one pass over its clips' headers in reading order.
+def summarize_clips(clips: Iterable[tuple[bytes | memoryview, bytes | memoryview]]) -> tuple[str, str]:
+    """(the shard checksum; the shard's ``ContentSum``) in one pass over its clips' (header bytes, payload) in
+    reading order.
 
     The shard checksum (FORMAT.md, *Shard checksum*) is SHA-256 over every
-    clip's header (36 + n bytes) in reading order. The header carries the
+    clip's header (36 + n bytes) in reading order: the header carries the
     clip's identity (video id, clip index), shape, label and its payload's
-    CRC-32 and length, so a change to any payload byte is caught by its CRC
-    and a lost, added, renamed or re-ordered clip by this checksum, without
-    hashing the shard's bulk twice.
+    CRC-32 and length, so a lost, added, renamed or re-ordered clip is caught
+    by it and a damaged payload byte by its CRC-32. What a payload holds,
+    against someone who forges it keeping its CRC-32, is the content sum's,
+    which reads every payload byte in the same pass.
     """
     h, content = hashlib.sha256(), ContentSum()
-    for header in headers:
+    for header, payload in clips:
         h.update(header)
-        content.add(header)
+        content.add(header, payload)
     return h.hexdigest(), content.hexdigest()
 
 
@@ -97,13 +103,13 @@ def read_back_summary(reader: ShardReader) -> dict:
     the shard ``reader`` reads: counted, summed and checksummed as a reader sees it, in one pass."""
     value_bytes = 0
 
-    def headers() -> Iterator[bytes | memoryview]:
+    def clips() -> Iterator[tuple[bytes | memoryview, memoryview]]:
         nonlocal value_bytes
-        for header_bytes, head, _ in reader.iter_clips():
+        for header_bytes, head, payload in reader.iter_clips():
             value_bytes += head.value_len
-            yield header_bytes
+            yield header_bytes, payload
 
-    sha, content = summarize_headers(headers())  # first: it counts value_bytes as it reads
+    sha, content = summarize_clips(clips())  # first: it counts value_bytes as it reads
     records = reader.records()
     summary = dict(zip(SUMMARY_KEYS, (len(records), sum(r.clips for r in records), value_bytes, sha)))
     summary[CONTENT_KEY] = content
@@ -413,4 +419,4 @@ class Backend:
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
            "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "read_back_summary",
-           "summarize_headers"]
+           "summarize_clips"]

@@ -270,9 +270,11 @@ class ShardEntry:
         relative_path(path, "path", w)
         if "files" in d:
             _check_files(d["files"], f"{w}: files")
-        content = d.get("content")
-        if content is not None and not (isinstance(content, str) and _HEX64.fullmatch(content)):
-            raise FormatError(f"{w}: content {_short(content)} is not 64 lowercase hex digits")
+        for key, bits in ((CONTENT_KEY, CONTENT_BITS), (LEGACY_CONTENT_KEY, LEGACY_CONTENT_BITS)):
+            content = d.get(key)
+            if content is not None and not (isinstance(content, str) and len(content) == bits // 4
+                                            and _HEX.fullmatch(content)):
+                raise FormatError(f"{w}: {key} {_short(content)} is not {bits // 4} lowercase hex digits")
         # A reordered list is caught against the shards' own metadata, which says where each shard belongs
         # (check_shard_meta), so the index is read, not judged, here.
         index = _get(d, "index", int, w)
@@ -419,18 +421,36 @@ class Manifest:
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]+")
 # The data settings the content fingerprint covers: what decides a clip's pixels and labels, not where or how
 # the clips are stored (the backend) or what was done with damaged videos (their clips are counted anyway).
 FINGERPRINT_FIELDS = ("codec", "codec_id", "classes", "clip_shape", "frame_size", "fps", "clip", "quality")
+# A shard's content sum (``convert.format.base.ContentSum``) in its summary and manifest entry, and its width:
+# wide, because a sum of hashes is only as hard to steer as the modulus makes it (FORMAT.md, *Content fingerprint*).
+CONTENT_KEY, CONTENT_BITS = "content_sum", 2048
+# The content sum of conversions written before it, over clip headers only (so a payload only through its
+# CRC-32): read, and its fingerprint followed from it, never recomputed. A shard finished by such a release has
+# no ``CONTENT_KEY``, so a rerun that finishes the conversion records no fingerprint rather than a mixed one.
+LEGACY_CONTENT_KEY, LEGACY_CONTENT_BITS = "content", 256
 
 
-def content_fingerprint(data: DataSpec, contents: Sequence[str]) -> str:
+def content_fingerprint(data: DataSpec, contents: Sequence[str], *, bits: int = CONTENT_BITS) -> str:
     """A conversion's content fingerprint (FORMAT.md, *Content fingerprint*) from its data settings and its
-    shards' content sums (``convert.format.base.ContentSum``), in any order."""
+    shards' content sums (``convert.format.base.ContentSum``), in any order; ``bits``: the sums' width
+    (``LEGACY_CONTENT_BITS`` for the sums of a conversion written before ``CONTENT_KEY``)."""
     settings = {k: v for k, v in data.to_dict().items() if k in FINGERPRINT_FIELDS}
-    total = sum(int(c, 16) for c in contents) % (1 << 256)
+    total = sum(int(c, 16) for c in contents) % (1 << bits)
     text = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode() + total.to_bytes(32, "big")).hexdigest()
+    return hashlib.sha256(text.encode() + total.to_bytes(bits // 8, "big")).hexdigest()
+
+
+def recorded_content_sums(shards: Sequence[ShardEntry]) -> tuple[list[Any], int]:
+    """The content sum each shard entry records (None where it records none) and the sums' width in bits: those
+    under ``CONTENT_KEY``, or in a conversion written before it, under ``LEGACY_CONTENT_KEY``."""
+    legacy = (not any(CONTENT_KEY in s.extras for s in shards)
+              and any(LEGACY_CONTENT_KEY in s.extras for s in shards))
+    key, bits = (LEGACY_CONTENT_KEY, LEGACY_CONTENT_BITS) if legacy else (CONTENT_KEY, CONTENT_BITS)
+    return [s.extras.get(key) for s in shards], bits
 
 
 def read_manifest(root: str) -> Manifest:
@@ -515,6 +535,7 @@ def _same_plan(path: str, recorded: PlanRecord, *, digest: bool) -> None:
                           f"stopped before its new manifest? run it again to finish")
 
 
-__all__ = ["DATA_KEYS", "FINGERPRINT_FIELDS", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "PlanRecord",
-           "ShardEntry", "ShardFile",
-           "Totals", "check_plan", "check_shard_meta", "content_fingerprint", "read_manifest", "shard_meta"]
+__all__ = ["CONTENT_BITS", "CONTENT_KEY", "DATA_KEYS", "FINGERPRINT_FIELDS", "LEGACY_CONTENT_BITS",
+           "LEGACY_CONTENT_KEY", "ClipSettings", "DataSpec", "FrameSize", "Manifest", "PlanRecord",
+           "ShardEntry", "ShardFile", "Totals", "check_plan", "check_shard_meta", "content_fingerprint",
+           "read_manifest", "recorded_content_sums", "shard_meta"]

@@ -19,7 +19,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import lmdb
 import numpy as np
 
-from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_headers
+from ..base import CONTENT_KEY, SUMMARY_KEYS, ClipProducer, ShardWriter, summarize_clips
 from ..errors import ShardDamaged, StoreError, StoreFullError, make_folder, store_error, storing
 from ..layout import header_len, write_json_atomic
 from ..records import VideoRecord
@@ -260,7 +260,8 @@ class LmdbWriter(ShardWriter):
 
     @_machine("summarising")
     def summarize(self) -> tuple[dict, list[str]]:
-        """Counts, value bytes and the content checksum from what the shard holds; and its storage order.
+        """Counts, value bytes, the shard checksum and the content sum from what the shard holds; and its storage
+        order.
 
         The storage order is the ids of the videos with clips, sorted by where
         their first clip's value lies in the map: exact, read off the
@@ -273,7 +274,7 @@ class LmdbWriter(ShardWriter):
             value_bytes = 0
             first_at: dict[str, int] = {}
 
-            def headers() -> Iterator[memoryview]:
+            def clips() -> Iterator[tuple[memoryview, memoryview]]:
                 nonlocal value_bytes
                 for rec in records:
                     for c in range(rec.clips):
@@ -283,9 +284,10 @@ class LmdbWriter(ShardWriter):
                         if c == 0:
                             first_at[rec.video_id] = np.frombuffer(value, dtype=np.uint8).ctypes.data
                         value_bytes += len(value)
-                        yield value[:header_len(value)]
+                        n = header_len(value)
+                        yield value[:n], value[n:]
 
-            sha, content = summarize_headers(headers())
+            sha, content = summarize_clips(clips())
         held = sum(r.clips for r in records)
         if held != stored:
             raise ValueError(f"{self.path}: video records count {held} clips, shard holds {stored}")
