@@ -456,3 +456,18 @@ def test_a_shards_records_parsed_together_equal_each_parsed_alone_and_a_damaged_
         with pytest.raises(FormatError) as together:
             VideoRecord.many_from_bytes(damaged, "s")
         assert str(together.value) == str(alone.value) and "\n" not in str(together.value)
+
+
+def test_verify_refuses_a_local_manifest_listing_a_file_no_shard_of_its_backend_has(raw_root, tmp_path):  # noqa: F811
+    """A local conversion's reads never use the per-shard file list, but an upload or a cache would copy what it
+    names: verify says so, in one line naming the shard and the name."""
+    root = copy_conversion(raw_root, str(tmp_path / "c"))
+    name = open_clips(root).manifest.shards[0].name
+
+    def list_evil(m):
+        files = m["shard_files"][name]
+        files.append({**files[0], "name": "evil.txt"})
+
+    _edit_manifest(root, list_evil)
+    problems, _ = verify(root)
+    assert any("'evil.txt'" in p and name in p for p in problems), problems

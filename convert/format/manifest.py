@@ -20,13 +20,14 @@ import re
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 from .errors import FormatError
 from .layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
+    MAX_ASPECT,
     MAX_PLAN_BYTES,
     PLAN,
     READABLE_MANIFEST_VERSIONS,
@@ -165,13 +166,54 @@ class DataSpec:
         if len(set(classes)) != len(classes):
             raise FormatError(f"{where}: class names repeat")
         raw_shape = _get(d, "clip_shape", list, where, optional=True)
-        return cls(backend=_get(d, "backend", str, where),
+        spec = cls(backend=_get(d, "backend", str, where),
                    codec=codec, codec_id=codec_id, classes=tuple(classes),
                    clip_shape=None if raw_shape is None else _ints(raw_shape, 4, "clip_shape", where),  # type: ignore[arg-type]
                    frame_size=FrameSize.from_dict(d.get("frame_size"), where),
                    fps=_get(d, "fps", (int, float), where, optional=True),
                    clip=ClipSettings.from_dict(d.get("clip"), where), on_damage=_get(d, "on_damage", str, where),
                    quality=_get(d, "quality", int, where, optional=True) if "quality" in d else None)
+        # The clip shape is what the frame size and clip length make: the bound every header is held to
+        # (``shape_problem``) comes from fields that agree.
+        size = spec.frame_size.size
+        made = None if size is None else (spec.clip.clip_len, *size, 3)
+        if spec.clip_shape != made:
+            raise FormatError(f"{where}: clip_shape {_short(raw_shape)} is not what clip_len "
+                              f"{spec.clip.clip_len} and frame_size {_short(spec.frame_size.to_dict())} make")
+        return spec
+
+    def shape_problem(self, shape: tuple[int, ...]) -> str | None:
+        """Why a clip header's ``shape`` (T, H, W, C) is none this conversion can hold, in one line; None when it is.
+
+        A fixed-size conversion holds its ``clip_shape`` only. With a short
+        side S: T is the clip length, C is 3, the shorter of H and W is S and
+        the longer at most ``MAX_ASPECT`` * S (FORMAT.md, *Clip values*).
+        Every reader asks this of a header before it decodes the payload, so a
+        forged header cannot make it allocate more than ``max_clip_bytes``.
+        """
+        shape = tuple(shape)
+        if self.clip_shape is not None:
+            return None if shape == self.clip_shape else f"shape {shape}, the manifest says {self.clip_shape}"
+        t, h, w, c = shape
+        if t != self.clip.clip_len or c != 3:
+            return f"shape {shape}, the conversion's clips are {self.clip.clip_len} frames of 3 channels"
+        size, short = self.frame_size.size, self.frame_size.short_side
+        if size is not None:
+            return None if (h, w) == size else f"shape {shape}, the conversion's frames are {size[0]}x{size[1]}"
+        if min(h, w) != short or max(h, w) > MAX_ASPECT * short:
+            return (f"shape {shape}, the conversion's frames have a short side of {short} and a long side of at "
+                    f"most {MAX_ASPECT * cast(int, short)}")
+        return None
+
+    @property
+    def max_clip_bytes(self) -> int:
+        """The most bytes one decoded clip of this conversion can take (T * H * W * 3 of its largest shape)."""
+        if self.clip_shape is not None:
+            t, h, w, c = self.clip_shape
+            return t * h * w * c
+        size, short = self.frame_size.size, self.frame_size.short_side
+        area = size[0] * size[1] if size is not None else cast(int, short) ** 2 * MAX_ASPECT
+        return self.clip.clip_len * area * 3
 
 
 DATA_KEYS = tuple(f.name for f in fields(DataSpec))

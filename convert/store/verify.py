@@ -116,8 +116,12 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
         check_shard_meta(reader.meta, manifest, index, name)
     except FormatError as exc:
         problems.append(str(exc))
+    try:  # a file list naming files no shard of the backend has: what a cache or an upload would copy
+        get_backend(manifest.data.backend).files.check_listed(meta, "manifest.json")
+    except FormatError as exc:
+        problems.append(str(exc))
     n_classes = manifest.num_classes
-    shape = manifest.data.clip_shape
+    spec = manifest.data
     clips = value_bytes = 0
     h, content = hashlib.sha256(), ContentSum()
     try:
@@ -136,11 +140,13 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
             content.add(header_bytes, payload)
             where = reader.where(header.video_id, header.clip_index)
             try:
+                # The shape first: a payload is decoded only into a clip the conversion can hold.
+                problem = spec.shape_problem(header.shape)
+                if problem is not None:
+                    raise FormatError(problem)
                 check_crc(payload, header)
                 if decode:
                     _decode(header, payload, where, progress)
-                if shape is not None and header.shape != shape:
-                    raise FormatError(f"shape {header.shape}, manifest says {shape}")
                 if not 0 <= header.label < n_classes:
                     raise FormatError(f"label {header.label} outside the {n_classes} classes")
                 if header.label != label_of.get(header.video_id, header.label):
@@ -169,14 +175,19 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
 
 
 def _decode(header: ClipHeader, payload: memoryview, where: str, progress: Progress | None) -> None:
-    if progress is None:
-        codec_for_id(header.codec_id).decode(payload, header.shape)
-        return
-    progress.decoding(where)
+    """Decode one clip's payload; whatever the decoder says of it is a FormatError in one line."""
+    if progress is not None:
+        progress.decoding(where)
     try:
         codec_for_id(header.codec_id).decode(payload, header.shape)
+    except (FormatError, OSError, MemoryError):
+        raise  # the payload's, said already; or the machine's, never a clip's (its shape is checked first)
+    except Exception as exc:  # noqa: BLE001 - any other decoder error on a stored payload is that payload's
+        # problem (a library's own exception type): reported as the clip's, never a traceback.
+        raise FormatError(f"payload does not decode: {type(exc).__name__}: {exc}") from None
     finally:
-        progress.done()
+        if progress is not None:
+            progress.done()
 
 
 def file_problems(folder: str, entry: ShardEntry) -> list[str]:
