@@ -190,8 +190,11 @@ class JpegCodec(PerFrameCodec):
             # The JPEG's own size first, from its header: a frame larger than the clip's is refused before a
             # pixel of it is allocated.
             height, width = simplejpeg.decode_jpeg_header(part)[:2]
-            if (height, width) != tuple(shape[1:3]):
-                raise FormatError(f"jpeg frame {j} is {height}x{width}, header says {shape[1]}x{shape[2]}")
+        except ValueError as exc:
+            raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
+        if (height, width, 3) != tuple(shape[1:]):
+            raise FormatError(f"jpeg frame {j} is {(height, width, 3)}, header says {tuple(shape[1:])}")
+        try:
             arr: np.ndarray = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
         except ValueError as exc:  # simplejpeg's error for undecodable data (strict: warnings too)
             raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
