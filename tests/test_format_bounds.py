@@ -216,15 +216,24 @@ def test_the_dali_source_route_refuses_a_forged_header_in_one_line(short_side, t
     assert "\n" not in msg and clip in msg and str(HOSTILE["8192x8192"]) in msg, msg
 
 
+# (codec, the forged shape's varints in place of [16, 128, 171, 3]'s, the shape the loader names): 17 frames, and
+# a height of 8192 (two varint bytes, as 128's), which the raw reshape would otherwise be asked to make.
+NATIVE_FORGERIES = {"jpeg-T17": ("jpeg", b"\x11\x80\x01\xab\x01\x03", (17, 128, 171, 3)),
+                    "raw-H8192": ("raw", b"\x10\x80\x40\xab\x01\x03", (16, 8192, 171, 3))}
+
+
+@pytest.mark.parametrize("case", list(NATIVE_FORGERIES))
 def test_the_dali_native_route_refuses_a_record_of_a_shape_the_conversion_cannot_hold(synth_videos, loader_base,  # noqa: F811
-                                                                                      tmp_path):
-    """The record's ``shape`` feature (what DALI's decoders are given) says 17 frames: clamped into the
-    conversion's bounds inside the pipeline, and refused by the loader in one line naming the shard and clip."""
+                                                                                      tmp_path, case):
+    """The record's ``shape`` feature (what DALI's decoders are given) is forged: clamped into the conversion's
+    bounds inside the pipeline (no decoder sizes its output by it), and refused by the loader in one line naming
+    the shard and clip."""
     pytest.importorskip("nvidia.dali")
     from convert.format.tfrecord.wire import masked_crc
     from loaders.dali import DaliTFRecordLoader
 
-    root = copy_conversion(tfrecord_converted(synth_videos, loader_base, "jpeg"), str(tmp_path / "c"))
+    codec, forged, named = NATIVE_FORGERIES[case]
+    root = copy_conversion(tfrecord_converted(synth_videos, loader_base, codec), str(tmp_path / "c"))
     shard = os.path.join(root, open_clips(root).manifest.shards[0].path)
     part = os.path.join(shard, "part-00000.tfrecord")
     with open(part, "r+b") as fh:
@@ -233,12 +242,22 @@ def test_the_dali_native_route_refuses_a_record_of_a_shape_the_conversion_cannot
         data = bytearray(fh.read(length))
         # The packed int64 list [16, 128, 171, 3] (varints) of the first record's shape feature.
         at = bytes(data).index(b"\x10\x80\x01\xab\x01\x03")
-        data[at] = 17
+        data[at:at + len(forged)] = forged
         fh.seek(12)
         fh.write(data + struct.pack("<I", masked_crc(bytes(data))))
     loader = DaliTFRecordLoader(root, train=False, batch_size=4)
-    with pytest.raises(FormatError) as exc:
-        for _ in loader:
-            pass
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith(shard) and "(17, 128, 171, 3)" in msg, msg
+    errors: list[FormatError] = []
+
+    def read_all() -> None:
+        try:
+            for _ in loader:
+                pass
+        except FormatError as exc:
+            errors.append(exc)
+
+    grown = _peak_growth(read_all)
+    loader.close()
+    assert errors, "read without an error"
+    msg = str(errors[0])
+    assert "\n" not in msg and msg.startswith(shard) and str(named) in msg, msg
+    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
