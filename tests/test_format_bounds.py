@@ -201,19 +201,39 @@ def test_a_video_payload_is_decoded_no_further_than_its_clip():
         vp9.decode(bytes(forged), (16, 32, 40, 3))
 
 
-def test_the_dali_source_route_refuses_a_forged_header_in_one_line(short_side, tmp_path):
+@pytest.mark.parametrize("case", ["raw-header", "jpeg-pictures", "vp9-pictures"])
+def test_the_dali_source_route_refuses_a_forged_clip_in_one_line(short_side, tmp_path, case):
+    """A forged header (raw), or pictures larger than a legal header (jpeg, vp9: DALI's decoders would size their
+    output by them): refused before DALI gets the payload, in one line naming the shard and clip."""
     pytest.importorskip("nvidia.dali")
     from loaders.dali import DaliClipLoader
     from loaders.presets import ClipPreset
 
-    root, clip = _forge(short_side["raw"], tmp_path, HOSTILE["8192x8192"])
+    codec, what = case.split("-")
+    if what == "header":
+        root, clip = _forge(short_side[codec], tmp_path, HOSTILE["8192x8192"])
+        words = str(HOSTILE["8192x8192"])
+    else:
+        shape = open_clips(short_side[codec])[0].clip.shape
+        big = get_codec(codec).encode(_clip(shape[0], 8 * shape[1], 8 * shape[2]))
+        root, clip = _forge(short_side[codec], tmp_path, shape, bytes(big))
+        words = {"jpeg": f"jpeg frame 0 is {(8 * shape[1], 8 * shape[2], 3)}", "vp9": "IVF header says"}[codec]
     loader = DaliClipLoader(root, train=False, batch_size=2, preset=ClipPreset(crop_size=SHORT, train=False),
                             workers=0)
-    with pytest.raises(FormatError) as exc:
-        _peak_growth(lambda: next(iter(loader)))
+    errors: list[FormatError] = []
+
+    def first_batch() -> None:
+        try:
+            next(iter(loader))
+        except FormatError as exc:
+            errors.append(exc)
+
+    grown = _peak_growth(first_batch)
     loader.close()
-    msg = str(exc.value)
-    assert "\n" not in msg and clip in msg and str(HOSTILE["8192x8192"]) in msg, msg
+    assert errors, "read without an error"
+    msg = str(errors[0])
+    assert "\n" not in msg and clip in msg and words in msg, msg
+    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
 
 
 # (codec, the forged shape's varints in place of [16, 128, 171, 3]'s, the shape the loader names): 17 frames, and

@@ -178,6 +178,24 @@ class JpegCodec(PerFrameCodec):
             frames.append(buf.getvalue())
         return _pack_parts(frames)
 
+    def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
+                      sizes: np.ndarray) -> None:
+        view = memoryview(payload)
+        for j, (at, n) in enumerate(zip(offsets.tolist(), sizes.tolist())):
+            self._check_size(view[at:at + n], shape, j)
+
+    def _check_size(self, part: memoryview, shape: tuple[int, ...], j: int) -> None:
+        """FormatError when JPEG ``part`` (frame ``j``, or the ``j``-th handed over) is not of the clip's size, read
+        from its own header: before a pixel of it is allocated."""
+        import simplejpeg
+
+        try:
+            height, width = simplejpeg.decode_jpeg_header(part)[:2]
+        except ValueError as exc:
+            raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
+        if (height, width, 3) != tuple(shape[1:]):
+            raise FormatError(f"jpeg frame {j} is {(height, width, 3)}, header says {tuple(shape[1:])}")
+
     def decode_frame(self, part: memoryview, shape: tuple[int, ...], j: int) -> np.ndarray:
         # simplejpeg: libjpeg-turbo (bundled in its wheel) called without the
         # GIL, with its default islow IDCT and fancy upsampling, so the pixels
@@ -186,14 +204,7 @@ class JpegCodec(PerFrameCodec):
         # the GIL): docs/benchmarks.md.
         import simplejpeg
 
-        try:
-            # The JPEG's own size first, from its header: a frame larger than the clip's is refused before a
-            # pixel of it is allocated.
-            height, width = simplejpeg.decode_jpeg_header(part)[:2]
-        except ValueError as exc:
-            raise FormatError(f"jpeg frame {j} cannot be decoded: {exc}") from exc
-        if (height, width, 3) != tuple(shape[1:]):
-            raise FormatError(f"jpeg frame {j} is {(height, width, 3)}, header says {tuple(shape[1:])}")
+        self._check_size(part, shape, j)
         try:
             arr: np.ndarray = simplejpeg.decode_jpeg(part, colorspace="RGB", fastdct=False, fastupsample=False)
         except ValueError as exc:  # simplejpeg's error for undecodable data (strict: warnings too)

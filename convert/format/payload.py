@@ -169,6 +169,19 @@ class Codec:
         """(offsets, sizes) int64: the byte ranges of ``payload`` coded separately, one per frame or one in all."""
         return np.zeros(1, np.int64), np.full(1, len(payload), np.int64)
 
+    def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
+                      sizes: np.ndarray) -> None:
+        """FormatError in one line when what the parts ``offsets``/``sizes`` of ``payload`` say of their own
+        pictures (their size and count, read from their headers, nothing decoded) disagrees with a clip of
+        ``shape``.
+
+        What a reader asks before it hands a payload to a decoder that sizes
+        its output by the pictures rather than by the clip header (DALI's image
+        and video decoders), which would otherwise allocate whatever a forged
+        payload says. Nothing to check here: this codec's decoding is sized by
+        the header's shape.
+        """
+
     def window_parts(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int,
                      t: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(offsets, sizes, skip): the parts to decode for frames ``t0:t0+t``, and how many decoded

@@ -356,6 +356,19 @@ class Vp9Codec(VideoCodec):
     encoder_options: ClassVar[dict[str, str]] = {"b:v": "0", "deadline": "realtime", "cpu-used": "8",
                                                  "g": "9999", "lag-in-frames": "0", "row-mt": "0"}
 
+    def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
+                      sizes: np.ndarray) -> None:
+        # The IVF header's fields are the ones pack() writes: its length, the coded size and the frame count.
+        view = memoryview(payload)
+        if len(view) < IVF_HEADER or bytes(view[:4]) != b"DKIF" or bytes(view[8:12]) != b"VP90":
+            raise FormatError(f"vp9 payload of {len(view)} bytes is not an IVF file of VP9 frames")
+        (header_len,), (width, height, _, _, count) = struct.unpack_from("<H", view, 6), \
+            struct.unpack_from("<HHIII", view, 12)
+        if header_len != IVF_HEADER or (height, width) != coded_size(shape) or count != shape[0]:
+            raise FormatError(f"vp9 payload: IVF header says {count} frames of {width}x{height} in a "
+                              f"{header_len}-byte header; the clip's {shape[0]} frames of {shape[2]}x{shape[1]} "
+                              f"are coded at {coded_size(shape)[1]}x{coded_size(shape)[0]} after {IVF_HEADER}")
+
     def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
         height, width = coded_size(shape)
         parts = [struct.pack("<4sHH4sHHIIII", b"DKIF", 0, IVF_HEADER, b"VP90", width, height,
@@ -369,16 +382,8 @@ class Vp9Codec(VideoCodec):
         import av
 
         view = memoryview(payload)
-        if len(view) < IVF_HEADER or bytes(view[:4]) != b"DKIF" or bytes(view[8:12]) != b"VP90":
-            raise FormatError(f"vp9 payload of {len(view)} bytes is not an IVF file of VP9 frames")
-        # The IVF header's fields are the ones pack() writes: its length, the coded size and the frame count.
-        (header_len,), (width, height, _, _, count) = struct.unpack_from("<H", view, 6), \
-            struct.unpack_from("<HHIII", view, 12)
-        if header_len != IVF_HEADER or (height, width) != coded_size(shape) or count != shape[0]:
-            raise FormatError(f"vp9 payload: IVF header says {count} frames of {width}x{height} in a "
-                              f"{header_len}-byte header; the clip's {shape[0]} frames of {shape[2]}x{shape[1]} "
-                              f"are coded at {coded_size(shape)[1]}x{coded_size(shape)[0]} after {IVF_HEADER}")
-        pos, frames = header_len, cast("list[av.Packet]", [])
+        self.check_framing(view, shape, np.zeros(1, np.int64), np.full(1, len(view), np.int64))
+        pos, frames = IVF_HEADER, cast("list[av.Packet]", [])
         while pos < len(view):
             if len(frames) == shape[0]:
                 raise FormatError(f"vp9 payload: IVF frames go on past the clip's {shape[0]} at byte {pos}")

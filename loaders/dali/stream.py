@@ -154,6 +154,8 @@ class _ClipSource:
         # Copies: the payload is a view into the shard, valid only inside visit().
         if self.in_dali:
             offsets, sizes, skip = codec.window_parts(payload, header.shape, p.t0, t)
+            # DALI's decoders size their output by the pictures: what the parts say of theirs is checked first.
+            codec.check_framing(payload, header.shape, offsets, sizes)
             data = np.array(np.frombuffer(payload, dtype=np.uint8))
         else:
             data, skip = np.array(codec.window(payload, header.shape, p.t0, t)), 0
