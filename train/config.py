@@ -56,7 +56,7 @@ LOADERS = ("threads", "processes", "dali")
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 EPOCH_MODES = ("clips", "videos")
 OPTIMIZERS = ("sgd", "adamw")
-BACKENDS = ("nccl", "gloo")
+DIST_BACKENDS = ("nccl", "gloo")
 
 # The argument groups of python -m train --help.
 DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
@@ -252,7 +252,7 @@ class TrainConfig:
                        on_resume=ORDER)
     device: str = option(RUN, "auto (cuda:LOCAL_RANK if available, else cpu), cpu or cuda", default="auto")
     dist_backend: str | None = option(
-        RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=BACKENDS,
+        RUN, "process group backend under torchrun (default nccl on GPUs, gloo on the CPU)", choices=DIST_BACKENDS,
         on_resume=FREE)
     ddp_bucket_mb: float = option(
         RUN, "DDP gradient bucket size in MB (the default is PyTorch's: C3D's ~320 MB of fp32 gradients make "
@@ -446,4 +446,4 @@ class TrainConfig:
         return cls(**kw)
 
 
-__all__ = ["AMP_DTYPES", "BACKENDS", "EPOCH_MODES", "LOADERS", "OPTIMIZERS", "TrainConfig"]
+__all__ = ["AMP_DTYPES", "DIST_BACKENDS", "EPOCH_MODES", "LOADERS", "OPTIMIZERS", "TrainConfig"]

@@ -56,8 +56,9 @@ class ShardFailed(RuntimeError):
     """
 
 
-class MachineError(ShardFailed):
-    """The store failed (full disk, I/O error): the job stops, and no video is recorded as failed for it."""
+class ShardMachineFailed(ShardFailed):
+    """A shard stopped by the machine, not by a video: the store failed (full disk, I/O error) or no process can
+    be started. The job stops, and no video is recorded as failed for it."""
 
 
 # A shard process killed by SIGBUS while OUT's device has less than this free
@@ -300,18 +301,18 @@ def run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[in
     summary adds ``new_videos`` and ``new_clips``: what this run converted.
 
     A failure of the machine on this side (the shard's log or progress file
-    cannot be written, no process can be started) is a ``MachineError`` too.
+    cannot be written, no process can be started) is a ``ShardMachineFailed`` too.
     """
     try:
         return _run_shard(out, shard, opts, retry)
     except StoreError as exc:
-        raise _machine_error(out, shard.index, str(exc)) from None
+        raise _machine_failed(out, shard.index, str(exc)) from None
 
 
-def _machine_error(out: str, index: int, cause: str, video: str | None = None) -> MachineError:
+def _machine_failed(out: str, index: int, cause: str, video: str | None = None) -> ShardMachineFailed:
     what = f"nothing was recorded for {video}; " if video else ""
-    return MachineError(f"{shard_name(index)}: {cause}; {what}free space on {out}'s device (or fix it) and run "
-                        f"the same command again: it goes on where this run stopped")
+    return ShardMachineFailed(f"{shard_name(index)}: {cause}; {what}free space on {out}'s device (or fix it) and "
+                              f"run the same command again: it goes on where this run stopped")
 
 
 def _run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[int]) -> dict:
@@ -330,8 +331,8 @@ def _run_shard(out: str, shard: ShardPlan, opts: ShardOptions, retry: Sequence[i
         return ShardFailed(f"{shard_name(index)}: shard process died while {while_}: {child.failure(rc)}; "
                            f"see {child.log_path}")
 
-    def stop_for_machine(cause: str, video: str | None = None) -> MachineError:
-        return _machine_error(out, index, cause, video)
+    def stop_for_machine(cause: str, video: str | None = None) -> ShardMachineFailed:
+        return _machine_failed(out, index, cause, video)
 
     def checked(child: _Child, reply: dict | None) -> dict | None:
         if reply is not None and "machine" in reply:
