@@ -10,8 +10,9 @@ from .conftest import ROOT
 README = os.path.join(ROOT, "README.md")
 PAGES = [README, os.path.join(ROOT, "FORMAT.md")] + sorted(
     os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md"))
-# The packages whose README maps their files (convert's layers); their links are checked with the pages.
-MAPPED = ("convert", "convert/format", "convert/worker", "convert/job")
+# The packages whose README maps their files; their links are checked with the pages.
+MAPPED = ("convert", "convert/format", "convert/store", "convert/worker", "convert/job", "loaders", "loaders/dali",
+          "train", "train/models")
 PAGES += [os.path.join(ROOT, folder, "README.md") for folder in MAPPED]
 
 
@@ -59,10 +60,32 @@ def test_every_relative_link_of_the_docs_resolves():
     assert broken == []
 
 
+def _modules(folder: str) -> list[str]:
+    """The modules of a package folder but its ``__init__.py``."""
+    return sorted(n for n in os.listdir(folder) if n.endswith(".py") and n != "__init__.py")
+
+
 def test_each_mapped_package_readme_names_every_file_of_its_folder():
+    """Every module of the folder is named; a subpackage is named whole (`lmdb/`, with its own README or not) or
+    module by module (`cache/index.py`)."""
     missing = []
-    for folder in MAPPED:
-        text = open(os.path.join(ROOT, folder, "README.md")).read()
-        files = sorted(n for n in os.listdir(os.path.join(ROOT, folder)) if n.endswith(".py") and n != "__init__.py")
-        missing += [f"{folder}/{name}" for name in files if f"`{name}`" not in text]
+    for package in MAPPED:
+        folder = os.path.join(ROOT, package)
+        text = open(os.path.join(folder, "README.md")).read()
+        missing += [f"{package}/{name}" for name in _modules(folder) if f"`{name}`" not in text]
+        for sub in sorted(os.listdir(folder)):
+            inner = os.path.join(folder, sub)
+            if os.path.isdir(inner) and _modules(inner) and f"`{sub}/`" not in text:
+                missing += [f"{package}/{sub}/{name}" for name in _modules(inner) if f"`{sub}/{name}`" not in text]
     assert missing == []
+
+
+def test_every_file_a_package_readme_maps_exists():
+    """The first column of a package README's tables names files and folders that are there."""
+    gone = []
+    for package in MAPPED:
+        folder = os.path.join(ROOT, package)
+        for cell in re.findall(r"^\| ([^|]+) \|", open(os.path.join(folder, "README.md")).read(), re.M):
+            gone += [f"{package}/{name}" for name in re.findall(r"`([^`]+)`", cell)
+                     if name.endswith((".py", "/")) and not os.path.exists(os.path.join(folder, name))]
+    assert gone == []

@@ -50,7 +50,7 @@ def test_torch_floor_has_the_apis_the_trainer_uses():
     # init_process_group(device_id=torch.device) (train/dist.py).
     sig = inspect.signature(torch.distributed.init_process_group)
     assert "device_id" in sig.parameters
-    # torch.is_autocast_enabled("cpu") (train/model.py).
+    # torch.is_autocast_enabled("cpu") (train/models/layers.py).
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.is_autocast_enabled("cpu") is True
     assert torch.is_autocast_enabled("cpu") is False
@@ -65,7 +65,7 @@ def test_dali_extras_pin_a_checked_version_for_each_cuda_major():
 
 
 class _Source:
-    """Six outputs per sample, as loaders.dali_source._ClipSource returns them (decoded in the source)."""
+    """Six outputs per sample, as loaders.dali.stream._ClipSource returns them (decoded in the source)."""
 
     in_dali = False
 
