@@ -153,6 +153,22 @@ class ConvertOptions:
     json: bool = option(RUNNING, "print the summary as JSON", default=False)
 
 
+def parse_fingerprint(text: str) -> str:
+    """A content fingerprint as given on the command line: 64 hex digits (either case), kept in lowercase."""
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        raise argparse.ArgumentTypeError(f"a fingerprint is 64 hex digits (as inspect prints it), got {text[:70]!r}")
+    return text.lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyOptions:
+    """The options of ``python -m convert verify OUT`` (besides the shard cache's, for a URL)."""
+
+    fingerprint: str | None = option(
+        "verify", "the content fingerprint of a copy you trust (inspect prints it): verify fails unless this "
+                  "conversion's stored bytes give the same", metavar="HEX", parse=parse_fingerprint)
+
+
 @dataclass(frozen=True, kw_only=True)
 class InspectOptions:
     """The options of ``python -m convert inspect OUT`` (and the shard cache's, for a URL)."""
@@ -179,4 +195,5 @@ class DemoOptions:
 
 
 __all__ = ["MAX_DECODE_THREADS", "MAX_RETRIES", "MAX_SHARDS", "MAX_TIMEOUT", "MAX_WORKERS", "MIN_MEMORY",
-           "ConvertOptions", "DemoOptions", "InspectOptions", "JobOptions", "parse_short_side", "parse_size"]
+           "ConvertOptions", "DemoOptions", "InspectOptions", "JobOptions", "VerifyOptions", "parse_fingerprint",
+           "parse_short_side", "parse_size"]

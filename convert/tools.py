@@ -16,7 +16,7 @@ import numpy as np
 from .format import FormatError, Manifest, read_manifest
 from .format.options import OneLineParser, add_options
 from .job.summary import describe_shape, print_summary
-from .options import DemoOptions, InspectOptions
+from .options import DemoOptions, InspectOptions, VerifyOptions
 from .signals import STOP_SIGNALS, put_back, take_stop_signals
 from .store import manifest_at, open_clips
 from .store.cache import CacheSettings, add_cache_options
@@ -250,6 +250,7 @@ def build_parser(cmd: str) -> OneLineParser:
                          "OUT may be a URL (s3://..., gs://..., http(s)://...): its shards are downloaded into a "
                          "shard cache, a few at a time, and checked there.")
         p.add_argument("out", metavar="OUT")
+        add_options(p, VerifyOptions)
         add_cache_options(p)
     elif cmd == "inspect":
         p.description = "Summarise a conversion; with --sheet, draw sample clips into a PNG."
@@ -273,9 +274,9 @@ def main(argv: list[str]) -> int:
         try:
             with _stops_raised():
                 if is_url(args.out):
-                    problems, counts = verify_url(args.out, cache=_cache_settings(args))
+                    problems, counts = verify_url(args.out, cache=_cache_settings(args), fingerprint=args.fingerprint)
                 else:
-                    problems, counts = verify(args.out)
+                    problems, counts = verify(args.out, fingerprint=args.fingerprint)
         except _Stopped as stop:  # the checkers are stopped by ``isolated`` as the exception leaves it
             print("verify: interrupted; nothing was changed (run verify again)", file=sys.stderr)
             return 128 + stop.signum
@@ -286,7 +287,8 @@ def main(argv: list[str]) -> int:
             for line in problems:
                 print(f"verify: {line}", file=sys.stderr)
             return 1
-        print(f"{args.out}: ok ({counts['shards']} shards, {counts['videos']} videos, {counts['clips']} clips)")
+        same = ", the fingerprint expected" if args.fingerprint else ""
+        print(f"{args.out}: ok ({counts['shards']} shards, {counts['videos']} videos, {counts['clips']} clips{same})")
         return 0
     if cmd == "inspect":
         if args.split is not None and args.against is None:

@@ -153,6 +153,43 @@ def test_a_forged_clip_with_the_same_crc_changes_the_fingerprint_and_verify_name
     assert content_fingerprint(manifest.data, [summary[CONTENT_KEY]]) != manifest.fingerprint
     assert verify(out)[0] == [f"{manifest.shards[0].name}: content sum {summary[CONTENT_KEY][:16]}... differs from "
                               f"manifest {recorded[:16]}...: its clips are not the bytes the conversion wrote"]
+    # A forger who rewrites the manifest's content sum and fingerprint too: the copy verifies on its own, and only
+    # a fingerprint from elsewhere (--fingerprint, the trusted copy's) tells it apart, in one line.
+    trusted = manifest.fingerprint
+    raw = json.load(open(path))
+    raw["shards"][0][CONTENT_KEY] = summary[CONTENT_KEY]
+    raw["fingerprint"] = content_fingerprint(manifest.data, [summary[CONTENT_KEY]])
+    json.dump(raw, open(path, "w"))
+    assert verify(out)[0] == []
+    assert verify(out, fingerprint=trusted)[0] == [
+        f"manifest: fingerprint {raw['fingerprint'][:16]}... is not the expected {trusted[:16]}...: its clips, labels "
+        f"or data settings differ from the copy that fingerprint came from"]
+    assert verify(out, fingerprint=raw["fingerprint"])[0] == []
+
+
+def test_verify_fingerprint_on_the_command_line(tiny_synthetic_tree, tmp_path, capsys):
+    """--fingerprint HEX (either case): status 0 and said when it is this conversion's, 1 and one line when not;
+    not 64 hex digits is a usage error; a conversion whose sums predate the payloads' cannot vouch for them."""
+    out = _convert(tiny_synthetic_tree, str(tmp_path / "a"), workers=1, shards=1)
+    fingerprint = read_manifest(out).fingerprint
+    capsys.readouterr()
+    assert tools_main(["verify", out, "--fingerprint", fingerprint.upper()]) == 0
+    assert "the fingerprint expected" in capsys.readouterr().out
+    assert tools_main(["verify", out, "--fingerprint", "0" * 64]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "is not the expected 0000000000000000..." in err[0], err
+    with pytest.raises(SystemExit) as exit_:
+        tools_main(["verify", out, "--fingerprint", "abc"])
+    assert exit_.value.code == 2 and "a fingerprint is 64 hex digits" in capsys.readouterr().err
+    path = os.path.join(out, "manifest.json")
+    manifest = json.load(open(path))
+    manifest["shards"][0][LEGACY_CONTENT_KEY] = manifest["shards"][0].pop(CONTENT_KEY)[:64]
+    manifest["fingerprint"] = content_fingerprint(DataSpec.from_dict(manifest, path),
+                                                  [manifest["shards"][0][LEGACY_CONTENT_KEY]], bits=256)
+    json.dump(manifest, open(path, "w"))
+    assert verify(out)[0] == []
+    (line,) = verify(out, fingerprint=manifest["fingerprint"])[0]
+    assert "predate the ones over every stored byte" in line, line
 
 
 CSV_HEAD = "label,youtube_id,time_start,time_end,split\n"

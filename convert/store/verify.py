@@ -32,6 +32,7 @@ from convert.format.codecs import codec_for_id
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import ClipHeader, check_crc
 from convert.format.manifest import (
+    CONTENT_BITS,
     Manifest,
     ShardEntry,
     check_plan,
@@ -324,9 +325,11 @@ def isolated(tasks: list[tuple[str, Check]], workers: int) -> list[str]:
     return [line for k in sorted(results) for line in results[k]]
 
 
-def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tuple[list[str], dict]:
+def verify(out: str, *, decode: bool = True, workers: int | None = None,
+           fingerprint: str | None = None) -> tuple[list[str], dict]:
     """All problems in a conversion folder (empty when it is sound), and the counts checked (a URL:
-    ``convert.store.cache.verify.verify_url``)."""
+    ``convert.store.cache.verify.verify_url``); ``fingerprint``: a trusted copy's content fingerprint, which this
+    one's must equal (``fingerprint_problem``)."""
     try:
         manifest = read_manifest(out)
     except FormatError as exc:
@@ -339,13 +342,35 @@ def verify(out: str, *, decode: bool = True, workers: int | None = None) -> tupl
     tasks = [(meta.name, shard_check(manifest.shard_path(out, i), i, manifest, decode))
              for i, meta in enumerate(manifest.shards)]
     problems += isolated(tasks, cpu_count() if workers is None else workers)
-    problems += totals_problems(manifest, "manifest")
+    problems += totals_problems(manifest, "manifest", fingerprint)
     return problems, checked_counts(manifest)
 
 
-def totals_problems(manifest: Manifest, where: str) -> list[str]:
-    """The manifest's totals that its shards' counts do not add up to, and a content fingerprint that does not
-    follow from its shards' content sums (``where`` names the manifest)."""
+def fingerprint_problem(manifest: Manifest, where: str, expected: str) -> str | None:
+    """Why the conversion's content fingerprint is not ``expected`` (a trusted copy's, as ``inspect`` prints it),
+    in one line naming ``where``; None when it is.
+
+    Only as strong as the rest of ``verify``: the shards' content sums are
+    recomputed from every stored byte and the fingerprint followed from them,
+    so with no other problem the fingerprint says what the bytes are, and
+    comparing it with one obtained from elsewhere catches a copy rewritten
+    whole, manifest included (FORMAT.md, *Content fingerprint*).
+    """
+    if manifest.fingerprint is None:
+        return f"{where}: records no fingerprint (written before fingerprints were), so none to compare with"
+    if recorded_content_sums(manifest.shards)[1] != CONTENT_BITS:
+        return (f"{where}: its content sums predate the ones over every stored byte, so its fingerprint proves "
+                f"nothing of the payloads; reconvert the videos to compare fingerprints")
+    if manifest.fingerprint != expected:
+        return (f"{where}: fingerprint {manifest.fingerprint[:16]}... is not the expected {expected[:16]}...: its "
+                f"clips, labels or data settings differ from the copy that fingerprint came from")
+    return None
+
+
+def totals_problems(manifest: Manifest, where: str, expected: str | None = None) -> list[str]:
+    """The manifest's totals that its shards' counts do not add up to, a content fingerprint that does not
+    follow from its shards' content sums, and one that is not ``expected`` when given (``where`` names the
+    manifest)."""
     problems = [f"{where}: shard {key} counts do not add up to totals.{key}"
                 for key in ("clips", "videos", "value_bytes")
                 if sum(getattr(m, key) for m in manifest.shards) != getattr(manifest.totals, key)]
@@ -357,6 +382,8 @@ def totals_problems(manifest: Manifest, where: str) -> list[str]:
         if len(sums) != len(contents) or content_fingerprint(manifest.data, sums, bits=bits) != manifest.fingerprint:
             problems.append(f"{where}: fingerprint {manifest.fingerprint[:16]}... does not follow from its shards' "
                             f"content sums")
+    if expected is not None and (problem := fingerprint_problem(manifest, where, expected)) is not None:
+        problems.append(problem)
     return problems
 
 
@@ -386,5 +413,6 @@ def verify_store(shard_paths: Sequence[str], manifest: Manifest) -> dict:
     return {"shards": len(shard_paths), "clips": clips}
 
 
-__all__ = ["DECODE_TIMEOUT", "Check", "Progress", "checked_counts", "file_problems", "isolated", "shard_check",
+__all__ = ["DECODE_TIMEOUT", "Check", "Progress", "checked_counts", "file_problems", "fingerprint_problem", "isolated",
+           "shard_check",
            "totals_problems", "verify", "verify_shard", "verify_store"]

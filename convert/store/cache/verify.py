@@ -12,7 +12,7 @@ from .settings import CacheSettings
 
 
 def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
-               cache: CacheSettings | None = None) -> tuple[list[str], dict]:
+               cache: CacheSettings | None = None, fingerprint: str | None = None) -> tuple[list[str], dict]:
     """``verify`` of the conversion at ``url``: all problems (empty when it is sound), and the counts checked.
 
     Each shard is downloaded into the shard cache (``cache``: its settings),
@@ -20,6 +20,7 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
     shards are; a few at a time, so the disk holds the cache's limit at most;
     the shards stay cached. A network failure or a full cache disk
     (``RemoteError``) is raised, never reported as a problem of the data.
+    ``fingerprint``: as ``verify``'s.
     """
     workers = cpu_count() if workers is None else workers
     try:
@@ -54,7 +55,7 @@ def verify_url(url: str, *, decode: bool = True, workers: int | None = None,
             for i in holds:
                 line = line.replace(sc.local_path(i), sc.shard_url(i))
             problems.append(line)
-    problems += totals_problems(manifest, f"{sc.url}/manifest.json")
+    problems += totals_problems(manifest, f"{sc.url}/manifest.json", fingerprint)
     return problems, checked_counts(manifest)
 
 
