@@ -156,6 +156,7 @@ def test_a_forged_clip_with_the_same_crc_changes_the_fingerprint_and_verify_name
     # A forger who rewrites the manifest's content sum and fingerprint too: the copy verifies on its own, and only
     # a fingerprint from elsewhere (--fingerprint, the trusted copy's) tells it apart, in one line.
     trusted = manifest.fingerprint
+    assert trusted is not None
     raw = json.load(open(path))
     raw["shards"][0][CONTENT_KEY] = summary[CONTENT_KEY]
     raw["fingerprint"] = content_fingerprint(manifest.data, [summary[CONTENT_KEY]])
@@ -172,6 +173,7 @@ def test_verify_fingerprint_on_the_command_line(tiny_synthetic_tree, tmp_path, c
     not 64 hex digits is a usage error; a conversion whose sums predate the payloads' cannot vouch for them."""
     out = _convert(tiny_synthetic_tree, str(tmp_path / "a"), workers=1, shards=1)
     fingerprint = read_manifest(out).fingerprint
+    assert fingerprint is not None
     capsys.readouterr()
     assert tools_main(["verify", out, "--fingerprint", fingerprint.upper()]) == 0
     assert "the fingerprint expected" in capsys.readouterr().out
