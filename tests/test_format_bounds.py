@@ -11,6 +11,7 @@ memory and is refused in one line naming the shard and the clip.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 
@@ -280,4 +281,69 @@ def test_the_dali_native_route_refuses_a_record_of_a_shape_the_conversion_cannot
     assert errors, "read without an error"
     msg = str(errors[0])
     assert "\n" not in msg and msg.startswith(shard) and str(named) in msg, msg
+    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
+
+
+def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_header(synth_videos, loader_base,  # noqa: F811
+                                                                                   tmp_path):
+    """A record whose header and shape are the clip's but whose JPEGs are coded at 8x its size: DALI decodes only
+    the clip's region of each (no output buffer of the forged size), and the loader refuses the record from the
+    JPEGs' own headers, in one line naming the shard and clip."""
+    pytest.importorskip("nvidia.dali")
+    from convert.format.codecs import JpegCodec
+    from convert.format.tfrecord.wire import decode_example, encode_example, frame_record
+    from loaders.dali import DaliTFRecordLoader
+
+    root = copy_conversion(tfrecord_converted(synth_videos, loader_base, "jpeg"), str(tmp_path / "c"))
+    shard = os.path.join(root, open_clips(root).manifest.shards[0].path)
+    part = os.path.join(shard, "part-00000.tfrecord")
+    raw = open(part, "rb").read()
+    (length,) = struct.unpack_from("<Q", raw, 0)
+    features = decode_example(memoryview(raw)[12:12 + length])
+    header = unpack_header(bytes(features["header"][1]))
+    t, h, w, _ = header.shape
+    payload = JpegCodec().encode(np.zeros((t, 8 * h, 8 * w, 3), np.uint8))
+    offsets, sizes = JpegCodec().parts(payload, header.shape)
+    new: dict[str, tuple[str, object]] = {name: (kind, bytes(value) if kind == "bytes" else value)
+                                           for name, (kind, value) in features.items()}
+    new["payload"] = ("bytes", payload)
+    new["part_offsets"], new["part_sizes"] = ("int64", offsets.tolist()), ("int64", sizes.tolist())
+    new["header"] = ("bytes", pack_header(codec_id=header.codec_id, shape=header.shape, label=header.label,
+                                          clip_index=header.clip_index, start_frame=header.start_frame,
+                                          video_id=header.video_id, payload=payload))
+    record = b"".join(bytes(p) for p in frame_record(b"".join(bytes(p) for p in encode_example(new))))
+    rest = raw[12 + length + 4:]
+    with open(part, "wb") as fh:
+        fh.write(record + rest)
+    index = part[:-len(".tfrecord")] + ".idx"
+    lines = [line.split() for line in open(index).read().splitlines()]
+    shift = len(record) - (12 + length + 4)
+    with open(index, "w") as idx:
+        idx.write(f"0 {len(record)}\n" + "".join(f"{int(a) + shift} {b}\n" for a, b in lines[1:]))
+    # The part's commit and the manifest's list of files give its size: a forger rewrites them too.
+    commit = os.path.join(shard, "part-00000.json")
+    done = json.load(open(commit))
+    done["bytes"] += shift
+    json.dump(done, open(commit, "w"))
+    path = os.path.join(root, "manifest.json")
+    manifest = json.load(open(path))
+    for f in manifest["shards"][0]["files"]:
+        if f["path"] == "part-00000.tfrecord":
+            f["bytes"] += shift
+    json.dump(manifest, open(path, "w"))
+    loader = DaliTFRecordLoader(root, train=False, batch_size=4)
+    errors: list[FormatError] = []
+
+    def read_all() -> None:
+        try:
+            for _ in loader:
+                pass
+        except FormatError as exc:
+            errors.append(exc)
+
+    grown = _peak_growth(read_all)
+    loader.close()
+    assert errors, "read without an error"
+    msg = str(errors[0])
+    assert "\n" not in msg and msg.startswith(shard) and f"jpeg frame 0 is {(8 * h, 8 * w, 3)}" in msg, msg
     assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"

@@ -33,13 +33,24 @@ def _inflate_frames(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: 
 
 def _images(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, device: str) -> Any:
     # One decoder call per frame position; each decodes the whole batch's frames at that position
-    # ("mixed": nvJPEG on the GPU, reading its input from host memory).
+    # ("mixed": nvJPEG on the GPU, reading its input from host memory). Each decodes the region of the clip's
+    # (H, W) only: a JPEG coded larger than its header says (which the loaders then refuse, from its own header)
+    # never gets an output buffer of its own size.
     where = "mixed" if device == "gpu" else "cpu"
     decoded = []
     for k in range(frames):
         one = fn.slice(data, offsets[k:k + 1], sizes[k:k + 1], axes=[0])
-        decoded.append(fn.decoders.image(one, device=where, output_type=types.RGB))
+        decoded.append(fn.decoders.image_slice(one, start=[0, 0], shape=shape[1:3], axes=[0, 1],
+                                               normalized_anchor=False, normalized_shape=False, device=where,
+                                               output_type=types.RGB))
     return fn.stack(*decoded, axis_name="F")
+
+
+def _image_sizes(data: Any, *, offsets: Any, sizes: Any, frames: int) -> Any:
+    # Each frame's (H, W, C) as its JPEG header says, nothing decoded (CPU): what the native route's loader holds
+    # against the clip header, since no Python sees those payloads before DALI decodes them.
+    return fn.stack(*[fn.peek_image_shape(fn.slice(data, offsets[k:k + 1], sizes[k:k + 1], axes=[0]),
+                                          dtype=types.INT32) for k in range(frames)])
 
 
 def _video(data: Any, *, shape: Any, offsets: Any, sizes: Any, frames: int, device: str) -> Any:
@@ -68,11 +79,16 @@ class Graph:
     payload to decode (False: the payload is the pixels, and handing over its
     decoded window costs nothing). ``host_input``: the decoder reads its input
     from host memory even on the GPU. ``needs_shape``: it needs the stored
-    shape (a JPEG carries its own). ``needs_parts``: it needs ``offsets`` and
+    shape (the JPEG decoder too, though a JPEG carries its own: it decodes the
+    clip's region only). ``needs_parts``: it needs ``offsets`` and
     ``sizes`` (a stream is decoded whole: None are passed). ``checkpoints``:
     DALI can checkpoint a pipeline holding this decoder (False: the native
     route builds its pipelines without checkpoints, and a resume reads up to
-    its position).
+    its position). ``picture_sizes(data, offsets=, sizes=, frames=)``: each
+    frame's (H, W, C) as the payload's own picture headers say, read on the
+    CPU without decoding, for the native route's loader to check against the
+    clip header (None: the decoder's output is sized by the header's shape,
+    or nothing cheap tells the pictures' size).
     """
 
     decode: Callable[..., Any]
@@ -84,6 +100,7 @@ class Graph:
     needs_shape: bool = True
     needs_parts: bool = True
     checkpoints: bool = True
+    picture_sizes: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.cpu and not self.cpu_fallback:
@@ -95,7 +112,7 @@ class Graph:
 GRAPHS: dict[tuple[str, str], Graph] = {
     ("array", "none"): Graph(decode=_reshape, cpu=True, in_dali=False),
     ("frames", "lz4-block"): Graph(decode=_inflate_frames, cpu=False),
-    ("frames", "jpeg"): Graph(decode=_images, cpu=True, host_input=True, needs_shape=False),
+    ("frames", "jpeg"): Graph(decode=_images, cpu=True, host_input=True, picture_sizes=_image_sizes),
     # DALI 2.4's video decoder implements no checkpointing (a pipeline holding it refuses to build with it).
     ("stream", "vp9"): Graph(decode=_video, cpu=True, host_input=True, needs_parts=False, checkpoints=False),
     # DALI's CPU video decoder has no H.264 (removed from DALI); decoding it in the Python source instead would

@@ -265,6 +265,9 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, 
             else:
                 offsets, sizes = offsets[t0:t0 + frames], sizes[t0:t0 + frames]
             t0, decoded_frames = 0, frames
+        # What the payload's pictures say of their size (CPU, nothing decoded), checked by the loader (_batch).
+        pictures = [] if graph.picture_sizes is None else [
+            graph.picture_sizes(data, offsets=offsets, sizes=sizes, frames=decoded_frames)]
         if where == "gpu" and not graph.host_input:
             data = data.gpu()
         clips = graph.decode(data, shape=fn.cast(shape, dtype=types.INT32), offsets=offsets, sizes=sizes,
@@ -289,7 +292,7 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, 
         label = rec["label"]
         if device_id is not None:
             label = label.gpu()
-        pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"], rec["shape"])
+        pipe.set_outputs(clips, label, rec["video_id"], rec["clip_index"], rec["shape"], *pictures)
     if build:
         pipe.build()
     return pipe
@@ -620,7 +623,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         """The batch of pipeline outputs ``outs`` that starts at sample ``start`` of this rank's epoch (None: a
         batch of evaluation padding only); ``pixels=False`` leaves out ``clip`` and ``label``, for batches that
         are only counted (read up to a position)."""
-        clips_tl, labels_tl, ids_tl, index_tl, shapes_tl = outs
+        clips_tl, labels_tl, ids_tl, index_tl, shapes_tl, *pictures_tl = outs
         bs = self.batch_size
         real = max(0, min(bs, self._real - start))
         n = bs if self.train else real
@@ -636,7 +639,14 @@ class DaliTFRecordLoader(DaliLoaderBase):
                                f"do not list") from None
         spec = self.store.manifest.data
         for k in range(n):
-            problem = spec.shape_problem(tuple(np.asarray(shapes_tl[k]).tolist()))
+            shape = tuple(np.asarray(shapes_tl[k]).tolist())
+            problem = spec.shape_problem(shape)
+            if problem is None and pictures_tl:
+                # The frames handed to the decoder (the window's, where only those are decoded), in order.
+                sizes = [tuple(row) for row in np.asarray(pictures_tl[0][k]).reshape(-1, 3).tolist()]
+                j = next((j for j, size in enumerate(sizes) if size != shape[1:]), None)
+                if j is not None:
+                    problem = f"{self.codec} frame {j} is {sizes[j]}, header says {shape[1:]}"
             if problem is not None:
                 self.close()
                 raise FormatError(f"{self.store.where(int(index[k]))}: {problem}")
