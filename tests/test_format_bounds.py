@@ -128,6 +128,29 @@ def _peak_growth(fn) -> int:
     return status("VmHWM:") - before
 
 
+def _refused(read) -> str:
+    """The one-line FormatError ``read()`` raises, its peak memory growth asserted under ``BOUND``."""
+    errors: list[FormatError] = []
+
+    def attempt() -> None:
+        try:
+            read()
+        except FormatError as exc:
+            errors.append(exc)
+
+    grown = _peak_growth(attempt)
+    assert errors, "read without an error"
+    msg = str(errors[0])
+    assert "\n" not in msg, msg
+    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB reading until: {msg}"
+    return msg
+
+
+def _read_all(loader) -> None:
+    for _ in loader:
+        pass
+
+
 HOSTILE = {"8192x8192": (16, 8192, 8192, 3), "T=65535": (65535, SHORT, 40, 3)}
 BOUND = 64 << 20  # far below one hostile clip (3.2 GB or 250 MB), far above one real one
 
@@ -142,19 +165,8 @@ def test_a_forged_header_is_refused_in_one_line_by_every_reader_before_its_paylo
     store = open_clips(root)
     dataset = ClipDataset(root, train=False)
     for read in (lambda: store[0], lambda: dataset[0]):
-        errors: list[FormatError] = []
-
-        def attempt(read=read, errors=errors):
-            try:
-                read()
-            except FormatError as exc:
-                errors.append(exc)
-
-        grown = _peak_growth(attempt)
-        assert errors, f"{codec} {case}: read without an error"
-        msg = str(errors[0])
-        assert "\n" not in msg and msg.startswith(shard) and str(HOSTILE[case]) in msg, msg
-        assert grown < BOUND, f"{codec} {case}: the peak grew by {grown >> 20} MiB"
+        msg = _refused(read)
+        assert msg.startswith(shard) and str(HOSTILE[case]) in msg, msg
     problems, _ = verify(root)
     named = [p for p in problems if str(HOSTILE[case]) in p]
     assert named and all("\n" not in p for p in problems), problems
@@ -221,20 +233,9 @@ def test_the_dali_source_route_refuses_a_forged_clip_in_one_line(short_side, tmp
         words = {"jpeg": f"jpeg frame 0 is {(8 * shape[1], 8 * shape[2], 3)}", "vp9": "IVF header says"}[codec]
     loader = DaliClipLoader(root, train=False, batch_size=2, preset=ClipPreset(crop_size=SHORT, train=False),
                             workers=0)
-    errors: list[FormatError] = []
-
-    def first_batch() -> None:
-        try:
-            next(iter(loader))
-        except FormatError as exc:
-            errors.append(exc)
-
-    grown = _peak_growth(first_batch)
+    msg = _refused(lambda: next(iter(loader)))
     loader.close()
-    assert errors, "read without an error"
-    msg = str(errors[0])
-    assert "\n" not in msg and clip in msg and words in msg, msg
-    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
+    assert clip in msg and words in msg, msg
 
 
 # (codec, the forged shape's varints in place of [16, 128, 171, 3]'s, the shape the loader names): 17 frames, and
@@ -267,21 +268,9 @@ def test_the_dali_native_route_refuses_a_record_of_a_shape_the_conversion_cannot
         fh.seek(12)
         fh.write(data + struct.pack("<I", masked_crc(bytes(data))))
     loader = DaliTFRecordLoader(root, train=False, batch_size=4)
-    errors: list[FormatError] = []
-
-    def read_all() -> None:
-        try:
-            for _ in loader:
-                pass
-        except FormatError as exc:
-            errors.append(exc)
-
-    grown = _peak_growth(read_all)
+    msg = _refused(lambda: _read_all(loader))
     loader.close()
-    assert errors, "read without an error"
-    msg = str(errors[0])
-    assert "\n" not in msg and msg.startswith(shard) and str(named) in msg, msg
-    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
+    assert msg.startswith(shard) and str(named) in msg, msg
 
 
 def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_header(synth_videos, loader_base,  # noqa: F811
@@ -332,18 +321,6 @@ def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_hea
             f["bytes"] += shift
     json.dump(manifest, open(path, "w"))
     loader = DaliTFRecordLoader(root, train=False, batch_size=4)
-    errors: list[FormatError] = []
-
-    def read_all() -> None:
-        try:
-            for _ in loader:
-                pass
-        except FormatError as exc:
-            errors.append(exc)
-
-    grown = _peak_growth(read_all)
+    msg = _refused(lambda: _read_all(loader))
     loader.close()
-    assert errors, "read without an error"
-    msg = str(errors[0])
-    assert "\n" not in msg and msg.startswith(shard) and f"jpeg frame 0 is {(8 * h, 8 * w, 3)}" in msg, msg
-    assert grown < BOUND, f"the peak grew by {grown >> 20} MiB"
+    assert msg.startswith(shard) and f"jpeg frame 0 is {(8 * h, 8 * w, 3)}" in msg, msg
