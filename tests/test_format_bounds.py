@@ -42,14 +42,18 @@ def _spec(*, size: tuple[int, int] | None = None, short: int | None = None, clip
 
 def test_the_shape_rule_allows_what_a_conversion_makes_and_nothing_else():
     short = _spec(short=SHORT)
+    low, high = short.shape_bounds()
+    assert (low, high) == ((16, SHORT, SHORT, 3), (16, MAX_ASPECT * SHORT, MAX_ASPECT * SHORT, 3))
     for ok in [(16, 32, 32, 3), (16, 32, 57, 3), (16, 128, 32, 3), (16, 32, MAX_ASPECT * SHORT, 3)]:
         assert short.shape_problem(ok) is None, ok
+        assert all(a <= v <= b for a, v, b in zip(low, ok, high)), ok
     for bad in [(16, 8192, 8192, 3), (65535, 32, 40, 3), (15, 32, 40, 3), (16, 32, 40, 4), (16, 31, 40, 3),
                 (16, 33, 40, 3), (16, 32, MAX_ASPECT * SHORT + 1, 3)]:
         problem = short.shape_problem(bad)
         assert problem is not None and str(bad) in problem and "\n" not in problem, bad
     assert short.max_clip_bytes == 16 * SHORT * MAX_ASPECT * SHORT * 3
     fixed = _spec(size=(32, 40))
+    assert fixed.shape_bounds() == ((16, 32, 40, 3), (16, 32, 40, 3))
     assert fixed.shape_problem((16, 32, 40, 3)) is None
     assert fixed.shape_problem((16, 40, 32, 3)) is not None
     assert fixed.max_clip_bytes == 16 * 32 * 40 * 3

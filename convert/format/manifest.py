@@ -205,6 +205,16 @@ class DataSpec:
                     f"most {MAX_ASPECT * cast(int, short)}")
         return None
 
+    def shape_bounds(self) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+        """(lowest, highest) of each of (T, H, W, C) ``shape_problem`` allows: the box a reader that cannot ask
+        it per clip before decoding (DALI's native route) clamps a record's shape into."""
+        if self.clip_shape is not None:
+            return self.clip_shape, self.clip_shape
+        short, t = cast(int, self.frame_size.short_side), self.clip.clip_len
+        if self.frame_size.size is not None:
+            return (t, *self.frame_size.size, 3), (t, *self.frame_size.size, 3)
+        return (t, short, short, 3), (t, MAX_ASPECT * short, MAX_ASPECT * short, 3)
+
     @property
     def max_clip_bytes(self) -> int:
         """The most bytes one decoded clip of this conversion can take (T * H * W * 3 of its largest shape)."""

@@ -358,8 +358,12 @@ class Vp9Codec(VideoCodec):
 
     def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
                       sizes: np.ndarray) -> None:
-        # The IVF header's fields are the ones pack() writes: its length, the coded size and the frame count.
-        view = memoryview(payload)
+        self._check_ivf(memoryview(payload), shape)  # one part, the whole stream: its IVF header says its size
+
+    @staticmethod
+    def _check_ivf(view: memoryview, shape: tuple[int, ...]) -> None:
+        """FormatError unless the IVF header's fields are those pack() writes for a clip of ``shape``: its length,
+        the coded size and the frame count."""
         if len(view) < IVF_HEADER or bytes(view[:4]) != b"DKIF" or bytes(view[8:12]) != b"VP90":
             raise FormatError(f"vp9 payload of {len(view)} bytes is not an IVF file of VP9 frames")
         (header_len,), (width, height, _, _, count) = struct.unpack_from("<H", view, 6), \
@@ -382,7 +386,7 @@ class Vp9Codec(VideoCodec):
         import av
 
         view = memoryview(payload)
-        self.check_framing(view, shape, np.zeros(1, np.int64), np.full(1, len(view), np.int64))
+        self._check_ivf(view, shape)
         pos, frames = IVF_HEADER, cast("list[av.Packet]", [])
         while pos < len(view):
             if len(frames) == shape[0]:

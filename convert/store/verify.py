@@ -16,7 +16,6 @@ the file and the reason.
 from __future__ import annotations
 
 import gc
-import hashlib
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -24,10 +23,10 @@ import os
 import signal
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from convert.format.backends import get_backend
-from convert.format.base import CONTENT_KEY, ContentSum, file_sha256
+from convert.format.base import CONTENT_KEY, file_sha256, summarize_clips
 from convert.format.codecs import codec_for_id
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import ClipHeader, check_crc
@@ -124,7 +123,6 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
     n_classes = manifest.num_classes
     spec = manifest.data
     clips = value_bytes = 0
-    h, content = hashlib.sha256(), ContentSum()
     try:
         problems += reader.check_storage()
         records = reader.records()
@@ -134,27 +132,32 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
             if not 0 <= rec.label < n_classes:
                 problems.append(f"{name}: video record {rec.video_id!r}: label {rec.label} outside the "
                                 f"{n_classes} classes")
-        for header_bytes, header, payload in reader.iter_clips():
-            clips += 1
-            value_bytes += header.value_len
-            h.update(header_bytes)
-            content.add(header_bytes, payload)
-            where = reader.where(header.video_id, header.clip_index)
-            try:
-                # The shape first: a payload is decoded only into a clip the conversion can hold.
-                problem = spec.shape_problem(header.shape)
-                if problem is not None:
-                    raise FormatError(problem)
-                check_crc(payload, header)
-                if decode:
-                    _decode(header, payload, where, progress)
-                if not 0 <= header.label < n_classes:
-                    raise FormatError(f"label {header.label} outside the {n_classes} classes")
-                if header.label != label_of.get(header.video_id, header.label):
-                    raise FormatError(f"label {header.label}, its video record says {label_of[header.video_id]}")
-            except FormatError as exc:
-                problems.append(f"{where}: {exc}")  # where names the shard (its path) and the clip
-        sha = h.hexdigest()
+
+        def checked() -> Iterator[tuple[bytes | memoryview, memoryview]]:
+            """Every clip, checked as it goes by (problems noted), for the checksum and content sum's one pass."""
+            nonlocal clips, value_bytes
+            for header_bytes, header, payload in reader.iter_clips():
+                clips += 1
+                value_bytes += header.value_len
+                where = reader.where(header.video_id, header.clip_index)
+                try:
+                    # The shape first: a payload is decoded only into a clip the conversion can hold.
+                    problem = spec.shape_problem(header.shape)
+                    if problem is not None:
+                        raise FormatError(problem)
+                    check_crc(payload, header)
+                    if decode:
+                        _decode(header, payload, where, progress)
+                    if not 0 <= header.label < n_classes:
+                        raise FormatError(f"label {header.label} outside the {n_classes} classes")
+                    if header.label != label_of.get(header.video_id, header.label):
+                        raise FormatError(f"label {header.label}, its video record says "
+                                          f"{label_of[header.video_id]}")
+                except FormatError as exc:
+                    problems.append(f"{where}: {exc}")  # where names the shard (its path) and the clip
+                yield header_bytes, payload
+
+        sha, content = summarize_clips(checked())
     except FormatError as exc:
         problems.append(f"{name}: {exc}")
         return problems
@@ -169,8 +172,8 @@ def verify_shard(path: str, index: int, manifest: Manifest, *, decode: bool = Tr
     if sha != meta.sha256:
         problems.append(f"{name}: checksum {sha[:16]}... differs from manifest {meta.sha256[:16]}...")
     recorded = meta.extras.get(CONTENT_KEY)
-    if recorded is not None and content.hexdigest() != recorded:
-        problems.append(f"{name}: content sum {content.hexdigest()[:16]}... differs from manifest "
+    if recorded is not None and content != recorded:
+        problems.append(f"{name}: content sum {content[:16]}... differs from manifest "
                         f"{str(recorded)[:16]}...: its clips are not the bytes the conversion wrote")
     return problems + file_problems(path, meta)
 

@@ -85,7 +85,6 @@ import numpy as np
 import torch
 
 from convert.format import FormatError
-from convert.format.layout import MAX_ASPECT
 from convert.format.manifest import DataSpec
 from convert.format.tfrecord.schema import BY_NAME
 from convert.store.cache import CacheSettings
@@ -190,15 +189,6 @@ def _relative(anchor: Any, slack: Any) -> Any:
     return anchor / dmath.max(slack, 1)
 
 
-def _shape_bounds(spec: DataSpec) -> tuple[list[int], list[int]]:
-    """(lowest, highest) of each of (T, H, W, C) a clip of the conversion ``spec`` describes may have: the box
-    the native route clamps every record's ``shape`` feature into before a decoder sizes its output by it."""
-    if spec.clip_shape is not None:
-        return list(spec.clip_shape), list(spec.clip_shape)
-    short, t = int(spec.frame_size.short_side or 1), spec.clip.clip_len
-    return [t, short, short, 3], [t, MAX_ASPECT * short, MAX_ASPECT * short, 3]
-
-
 def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, stored_frames: int,
            preset: ClipPreset, batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int,
            shards: int, seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
@@ -232,9 +222,9 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, 
         # Decoders that size their output by the record's shape (the raw reshape, the GPU inflate) get it clamped
         # into the conversion's bounds: a forged shape cannot make them allocate more than a clip may take. The
         # loader refuses such a record by its unclamped shape, in one line naming the clip (``_batch``).
-        low, high = _shape_bounds(spec)
-        shape = dmath.clamp(rec["shape"], fn.constant(idata=low, dtype=types.INT64),
-                            fn.constant(idata=high, dtype=types.INT64))
+        low, high = spec.shape_bounds()
+        shape = dmath.clamp(rec["shape"], fn.constant(idata=list(low), dtype=types.INT64),
+                            fn.constant(idata=list(high), dtype=types.INT64))
         h, w = shape[1], shape[2]
         draw = _Draw((shard * _GOLDEN) % 1.0)
         # Crop parameters, as ClipPreset.params draws them: window, scale, row, column, flip.
