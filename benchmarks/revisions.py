@@ -11,7 +11,8 @@ round: other work on a shared machine only ever slows a run down).
 
 Rows, per codec and code: conversion frames/s and CPU milliseconds per
 frame (every process of the job), ``verify`` clips/s, MB/s of clip values
-and its CPU seconds (every checker). The two sides must store the same
+and its CPU seconds (every checker), and every clip read once through
+``open_clips`` in one thread (the reading side's checks and decoding). The two sides must store the same
 clips: their shards' header checksums are compared. Nothing here asserts a
 figure; docs/benchmarks.md records the output.
 """
@@ -24,6 +25,7 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
 
@@ -58,17 +60,24 @@ def code_of(root: str) -> Iterator[None]:
         os.chdir(here)
 
 
+# Every clip of OUT read once through open_clips, in one thread; prints the seconds the reads took.
+_READ_ALL = ("import sys, time\nfrom convert.store import open_clips\nstore = open_clips(sys.argv[1])\n"
+             "start = time.perf_counter()\nfor i in range(len(store)):\n    store[i]\n"
+             "print(time.perf_counter() - start)")
+
+
 def one_side(root: str, tree: str, out: str, codec: str, backend: str, workers: int
-             ) -> tuple[float, float, float, float, list[str]]:
-    """Convert ``tree`` and verify it with the code at ``root``: (convert wall s, its CPU s, verify wall s, its
-    CPU s, the shards' header checksums)."""
+             ) -> tuple[float, float, float, float, float, list[str]]:
+    """Convert ``tree``, verify it and read it with the code at ``root``: (convert wall s, its CPU s, verify wall
+    s, its CPU s, read s, the shards' header checksums)."""
     shutil.rmtree(out, ignore_errors=True)
     size = f"{SIZE[0]}x{SIZE[1]}"
     with code_of(root):
         wall, cpu, _ = run_convert([tree, out, "--codec", codec, "--backend", backend, "--size", size,
                                     "--workers", str(workers), "--no-progress"])
         v_wall, v_cpu, _ = run_convert(["verify", out])
-    return wall, cpu, v_wall, v_cpu, [s.sha256 for s in read_manifest(out).shards]
+        read = subprocess.run([sys.executable, "-c", _READ_ALL, out], capture_output=True, text=True, check=True)
+    return wall, cpu, v_wall, v_cpu, float(read.stdout), [s.sha256 for s in read_manifest(out).shards]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = os.path.join(scratch, "videos")
         shutil.rmtree(tree, ignore_errors=True)
         build_tree(tree, args.shared, args.videos)
-        runs: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
+        runs: dict[tuple[str, str], list[tuple[float, float, float, float, float]]] = {}
         frames: dict[str, int] = {}
         values: dict[str, tuple[int, int]] = {}
         for r in range(args.rounds):
@@ -101,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 sums = set()
                 for name, root in (list(roots.items()) if r % 2 == 0 else list(roots.items())[::-1]):
                     out = os.path.join(scratch, "out")
-                    c_wall, c_cpu, v_wall, v_cpu, shard_sums = one_side(root, tree, out, codec, args.backend,
-                                                                         args.workers)
-                    runs.setdefault((codec, name), []).append((c_wall, c_cpu, v_wall, v_cpu))
+                    c_wall, c_cpu, v_wall, v_cpu, read, shard_sums = one_side(root, tree, out, codec,
+                                                                               args.backend, args.workers)
+                    runs.setdefault((codec, name), []).append((c_wall, c_cpu, v_wall, v_cpu, read))
                     sums.add(tuple(shard_sums))
                     manifest = read_manifest(out)
                     frames[codec] = _stored_frames(out)
@@ -114,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{args.videos} videos -> {SIZE[0]}x{SIZE[1]}, {args.backend}, {args.workers} processes, "
               f"best of {args.rounds} interleaved rounds\n")
         print(f"| {'codec':5} | {'code':28} | {'convert frames/s':>16} | {'CPU ms/frame':>12} | "
-              f"{'verify clips/s':>14} | {'verify MB/s':>11} | {'verify CPU s':>12} |")
-        print(f"|{'-' * 7}|{'-' * 30}|{'-' * 18}|{'-' * 14}|{'-' * 16}|{'-' * 13}|{'-' * 14}|")
+              f"{'verify clips/s':>14} | {'verify MB/s':>11} | {'verify CPU s':>12} | {'read clips/s':>12} |")
+        print(f"|{'-' * 7}|{'-' * 30}|{'-' * 18}|{'-' * 14}|{'-' * 16}|{'-' * 13}|{'-' * 14}|{'-' * 14}|")
         for codec in codecs:
             clips, value_bytes = values[codec]
             best = {}
@@ -123,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
                 rounds = runs[(codec, name)]
                 best[name] = (frames[codec] / min(t[0] for t in rounds), min(t[1] for t in rounds) / frames[codec]
                               * 1e3, clips / min(t[2] for t in rounds), value_bytes / min(t[2] for t in rounds) / 1e6,
-                              min(t[3] for t in rounds))
-                fps, ms, cps, mbs, vcpu = best[name]
+                              min(t[3] for t in rounds), clips / min(t[4] for t in rounds))
+                fps, ms, cps, mbs, vcpu, rps = best[name]
                 print(f"| {codec:5} | {name[:28]:28} | {fps:16.0f} | {ms:12.3f} | {cps:14.0f} | {mbs:11.0f} | "
-                      f"{vcpu:12.2f} |")
+                      f"{vcpu:12.2f} | {rps:12.0f} |")
             (a, b) = (best[name] for name in roots)
             print(f"| {codec:5} | {'ratio (second / first)':28} | {b[0] / a[0]:16.3f} | {b[1] / a[1]:12.3f} | "
-                  f"{b[2] / a[2]:14.3f} | {b[3] / a[3]:11.3f} | {b[4] / a[4]:12.3f} |")
+                  f"{b[2] / a[2]:14.3f} | {b[3] / a[3]:11.3f} | {b[4] / a[4]:12.3f} | {b[5] / a[5]:12.3f} |")
         return 0
 
 
