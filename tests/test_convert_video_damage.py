@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from convert.format import FormatError
+from convert.format.bitstreams import IVF_FRAME_HEADER, IVF_HEADER
 from convert.format.layout import ClipHeader, pack_header, unpack_header
 from convert.format.lmdb import clip_key
-from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, VideoCodec, Vp9Codec
+from convert.format.video import H264Codec, VideoCodec, Vp9Codec
 from convert.store import open_clips
 from convert.store import verify as verify_module
 from convert.store.verify import verify

@@ -23,6 +23,7 @@ from convert.format.codecs import CODECS_BY_ID, get_codec
 from convert.format.layout import MAX_ASPECT, pack_header, unpack_header
 from convert.format.lmdb import HANDLES, clip_key
 from convert.format.manifest import ClipSettings, DataSpec, FrameSize
+from convert.format.video import coded_size
 from convert.store import open_clips
 from convert.store.verify import verify
 
@@ -185,8 +186,9 @@ def _clip(t: int, h: int, w: int) -> np.ndarray:
 @pytest.mark.parametrize("codec", ["jpeg", "h264", "vp9"])
 def test_a_payload_coded_larger_than_its_legal_header_is_refused_without_decoding_it_whole(short_side, tmp_path,
                                                                                              codec):
-    """A header the rule allows over pictures of another, larger size: the decoder refuses before allocating
-    them (jpeg: its own header read first; h264, vp9: FFmpeg's max_pixels)."""
+    """A header the rule allows over pictures of another, larger size: refused before a decoder allocates them,
+    from the payload's own headers (jpeg: each JPEG's; h264: its sequence parameter sets; vp9: its IVF header and
+    frame headers), FFmpeg's max_pixels behind them."""
     store = open_clips(short_side[codec])
     shape = store[0].clip.shape
     big = get_codec(codec).encode(_clip(shape[0], 8 * shape[1], 8 * shape[2]))
@@ -194,7 +196,8 @@ def test_a_payload_coded_larger_than_its_legal_header_is_refused_without_decodin
     with pytest.raises(FormatError) as exc:
         open_clips(root)[0]
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith(shard), msg
+    words = {"jpeg": "jpeg frame 0 is", "h264": "h264 sequence parameter set codes", "vp9": "IVF header says"}
+    assert "\n" not in msg and msg.startswith(shard) and words[codec] in msg, msg
 
 
 def test_a_video_payload_is_decoded_no_further_than_its_clip():
@@ -277,17 +280,13 @@ def test_the_dali_native_route_refuses_a_record_of_a_shape_the_conversion_cannot
     assert msg.startswith(shard) and str(named) in msg, msg
 
 
-def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_header(synth_videos, loader_base,  # noqa: F811
-                                                                                   tmp_path):
-    """A record whose header and shape are the clip's but whose JPEGs are coded at 8x its size: DALI decodes only
-    the clip's region of each (no output buffer of the forged size), and the loader refuses the record from the
-    JPEGs' own headers, in one line naming the shard and clip."""
-    pytest.importorskip("nvidia.dali")
-    from convert.format.codecs import JpegCodec
+def _rewrite_first_record(root: str, codec, forge=None) -> tuple[str, tuple[int, ...]]:
+    """Conversion ``root``'s first TFRecord record rewritten with its header and shape kept and its payload coded
+    by ``codec`` at 8x the clip's height and width, then passed through ``forge(payload, shape)`` where given (the
+    parts, the header's checksums, the index, the part's commit and the manifest's file sizes rewritten to
+    match, as a forger would); (its shard's folder, the clip's shape)."""
     from convert.format.tfrecord.wire import decode_example, encode_example, frame_record
-    from loaders.dali import DaliTFRecordLoader
 
-    root = copy_conversion(tfrecord_converted(synth_videos, loader_base, "jpeg"), str(tmp_path / "c"))
     shard = os.path.join(root, open_clips(root).manifest.shards[0].path)
     part = os.path.join(shard, "part-00000.tfrecord")
     raw = open(part, "rb").read()
@@ -295,8 +294,11 @@ def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_hea
     features = decode_example(memoryview(raw)[12:12 + length])
     header = unpack_header(bytes(features["header"][1]))
     t, h, w, _ = header.shape
-    payload = JpegCodec().encode(np.zeros((t, 8 * h, 8 * w, 3), np.uint8))
-    offsets, sizes = JpegCodec().parts(payload, header.shape)
+    # Flat pictures: a payload of few bytes, so what the read costs is the decoder's pictures, not the record.
+    payload = bytes(codec.encode(np.zeros((t, 8 * h, 8 * w, 3), np.uint8)))
+    payload = payload if forge is None else forge(payload, header.shape)
+    offsets, sizes = codec.parts(payload, header.shape) if codec.payload.layout == "frames" else \
+        (np.zeros(1, np.int64), np.full(1, len(payload), np.int64))
     new: dict[str, tuple[str, object]] = {name: (kind, bytes(value) if kind == "bytes" else value)
                                            for name, (kind, value) in features.items()}
     new["payload"] = ("bytes", payload)
@@ -324,7 +326,31 @@ def test_the_dali_native_route_refuses_jpeg_pictures_larger_than_their_legal_hea
         if f["path"] == "part-00000.tfrecord":
             f["bytes"] += shift
     json.dump(manifest, open(path, "w"))
+    return shard, header.shape
+
+
+@pytest.mark.parametrize("codec", ["jpeg", "vp9"])
+def test_the_dali_native_route_refuses_pictures_larger_than_their_legal_header(synth_videos, loader_base,  # noqa: F811
+                                                                              tmp_path, codec):
+    """A record whose header and shape are the clip's but whose pictures are coded at 8x its size. jpeg: DALI
+    decodes only the clip's region of each JPEG (no output buffer of the forged size), and the loader refuses the
+    record from the JPEGs' own headers. vp9: DALI's video decoder would size its pictures by the stream, so the
+    route's gate reads the stream's headers before it. Either way one line naming the shard and clip, and no
+    more memory than a clip's."""
+    pytest.importorskip("nvidia.dali")
+    from loaders.dali import DaliTFRecordLoader
+
+    def legal_ivf(payload: bytes, shape: tuple[int, ...]) -> bytes:
+        # The IVF header says the clip's coded size too: only the VP9 frames' own headers say the truth.
+        out = bytearray(payload)
+        struct.pack_into("<HH", out, 12, *reversed(coded_size(shape)))
+        return bytes(out)
+
+    root = copy_conversion(tfrecord_converted(synth_videos, loader_base, codec), str(tmp_path / "c"))
+    shard, (t, h, w, _) = _rewrite_first_record(root, get_codec(codec), legal_ivf if codec == "vp9" else None)
     loader = DaliTFRecordLoader(root, train=False, batch_size=4)
     msg = _refused(lambda: _read_all(loader))
     loader.close()
-    assert msg.startswith(shard) and f"jpeg frame 0 is {(8 * h, 8 * w, 3)}" in msg, msg
+    big = coded_size((t, 8 * h, 8 * w, 3))
+    words = {"jpeg": f"jpeg frame 0 is {(8 * h, 8 * w, 3)}", "vp9": f"vp9 payload: frame 0 states {big[0]}x{big[1]}"}
+    assert msg.startswith(shard) and words[codec] in msg, msg

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from convert.format import FormatError, codec_for_id, get_codec, read_manifest
-from convert.format.video import IVF_FRAME_HEADER, IVF_HEADER, H264Codec, coded_size, rgb_into
+from convert.format.bitstreams import IVF_FRAME_HEADER, IVF_HEADER
+from convert.format.video import H264Codec, coded_size, rgb_into
 
 from .conftest import load_script
 from .convert_helpers import run_cli
@@ -190,9 +191,10 @@ def test_damaged_or_foreign_payloads_are_one_line_format_errors(name, clip):
         with pytest.raises(FormatError) as exc:
             codec.decode(bad, clip.shape)
         assert "\n" not in str(exc.value) and name in str(exc.value)
-    # A sound stream of fewer frames than the header's T: the count check says so (vp9: its IVF header first).
+    # A sound stream of fewer frames than the header's T: the count check says so, before decoding (vp9: its IVF
+    # header; h264: its pictures' slices).
     short = codec.encode(clip[:12])
-    with pytest.raises(FormatError, match=f"{name} payload(: IVF header says 12 frames| decodes to 12 frames, "
+    with pytest.raises(FormatError, match=f"{name} payload(: IVF header says 12 frames| holds 12 pictures, "
                                           f"header says 16)"):
         codec.decode(short, clip.shape)
     # Coded at another size than the header's H x W.

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 
+from .bitstreams import IVF_HEADER, check_h264, check_vp9, ivf_frame_spans
 from .errors import FormatError
 from .payload import ClipEncoder, Codec, Payload, _window_out
 
@@ -48,10 +49,9 @@ if TYPE_CHECKING:
 # libswscale's conversions name it.
 _COLORSPACE_BT601 = 5  # AVCOL_SPC_BT470BG: the BT.601 matrix
 _RANGE_FULL = 2  # AVCOL_RANGE_JPEG
-IVF_HEADER = 32
-IVF_FRAME_HEADER = 12
 # IVF's time base: one tick a frame (the clips' frame rate is the manifest's, not the payload's).
 _TIME_BASE = Fraction(1, 25)
+_NO_PARTS = np.zeros(0, dtype=np.int64)  # a stream payload is one part: check_framing reads the whole payload
 
 
 def _even(n: int) -> int:
@@ -208,6 +208,9 @@ class VideoCodec(Codec):
         and their count against its T: a damaged or foreign payload is a FormatError in one line."""
         import av
 
+        # The stream's own headers first (nothing decoded): a stream that says it codes other pictures than the
+        # clip's, or more of them, is refused before the decoder sizes anything by it.
+        self.check_framing(payload, shape, _NO_PARTS, _NO_PARTS)
         cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder_name, "r"))
         cc.thread_count = 1
         height, width = coded_size(shape)
@@ -326,17 +329,15 @@ class H264Codec(VideoCodec):
         out = [bytes(q) for p in packets for q in bsf.filter(p)]
         return out + [bytes(q) for q in bsf.filter(None)]
 
+    def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
+                      sizes: np.ndarray) -> None:
+        # One part, the whole stream: its sequence parameter sets say the pictures' size, its slices their count.
+        check_h264(bytes(payload), coded_size(shape), shape[0])
+
     def coded_frames(self, payload: bytes | memoryview, cc: av.CodecContext,
                      shape: tuple[int, ...]) -> list[av.Packet]:
         # FFmpeg's H.264 parser cuts the Annex-B stream into access units, as a raw .h264 file is read.
         return [*cc.parse(bytes(payload)), *cc.parse(None)]
-
-    def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
-               out: np.ndarray | None = None) -> np.ndarray:
-        data = bytes(payload)
-        if not (data.startswith(b"\x00\x00\x00\x01") or data.startswith(b"\x00\x00\x01")):
-            raise FormatError(f"h264 payload of {len(data)} bytes does not start with an Annex-B start code")
-        return super().window(data, shape, t0, t, out)
 
     def pack(self, packets: list[bytes], shape: tuple[int, ...]) -> bytes:
         return b"".join(packets)
@@ -358,7 +359,11 @@ class Vp9Codec(VideoCodec):
 
     def check_framing(self, payload: bytes | memoryview, shape: tuple[int, ...], offsets: np.ndarray,
                       sizes: np.ndarray) -> None:
-        self._check_ivf(memoryview(payload), shape)  # one part, the whole stream: its IVF header says its size
+        # One part, the whole stream: its IVF header says its length, size and frame count, each VP9 frame's
+        # header its size.
+        view = memoryview(payload)
+        self._check_ivf(view, shape)
+        check_vp9([bytes(view[at:at + n]) for at, n in ivf_frame_spans(view, shape[0])], coded_size(shape))
 
     @staticmethod
     def _check_ivf(view: memoryview, shape: tuple[int, ...]) -> None:
@@ -387,19 +392,7 @@ class Vp9Codec(VideoCodec):
 
         view = memoryview(payload)
         self._check_ivf(view, shape)
-        pos, frames = IVF_HEADER, cast("list[av.Packet]", [])
-        while pos < len(view):
-            if len(frames) == shape[0]:
-                raise FormatError(f"vp9 payload: IVF frames go on past the clip's {shape[0]} at byte {pos}")
-            if pos + IVF_FRAME_HEADER > len(view):
-                raise FormatError(f"vp9 payload: IVF frame {len(frames)} header cut short at byte {pos}")
-            (size,) = struct.unpack_from("<I", view, pos)
-            pos += IVF_FRAME_HEADER
-            if pos + size > len(view):
-                raise FormatError(f"vp9 payload: IVF frame {len(frames)} of {size} bytes runs past the end")
-            frames.append(av.Packet(bytes(view[pos:pos + size])))
-            pos += size
-        return frames
+        return [av.Packet(bytes(view[at:at + n])) for at, n in ivf_frame_spans(view, shape[0])]
 
 
 __all__ = ["H264Codec", "VideoClipEncoder", "VideoCodec", "Vp9Codec", "coded_size", "rgb_into", "yuv_frames"]

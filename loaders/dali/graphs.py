@@ -88,7 +88,10 @@ class Graph:
     frame's (H, W, C) as the payload's own picture headers say, read on the
     CPU without decoding, for the native route's loader to check against the
     clip header (None: the decoder's output is sized by the header's shape,
-    or nothing cheap tells the pictures' size).
+    or by the stream's own headers). ``stream_sized``: the decoder sizes its
+    pictures by the stream's own headers, which no DALI operator reads
+    first, so the native route hands each payload through the codec's
+    ``check_framing`` (Python, nothing decoded) before the decoder gets it.
     """
 
     decode: Callable[..., Any]
@@ -101,6 +104,7 @@ class Graph:
     needs_parts: bool = True
     checkpoints: bool = True
     picture_sizes: Callable[..., Any] | None = None
+    stream_sized: bool = False
 
     def __post_init__(self) -> None:
         if self.cpu and not self.cpu_fallback:
@@ -114,11 +118,12 @@ GRAPHS: dict[tuple[str, str], Graph] = {
     ("frames", "lz4-block"): Graph(decode=_inflate_frames, cpu=False),
     ("frames", "jpeg"): Graph(decode=_images, cpu=True, host_input=True, picture_sizes=_image_sizes),
     # DALI 2.4's video decoder implements no checkpointing (a pipeline holding it refuses to build with it).
-    ("stream", "vp9"): Graph(decode=_video, cpu=True, host_input=True, needs_parts=False, checkpoints=False),
+    ("stream", "vp9"): Graph(decode=_video, cpu=True, host_input=True, needs_parts=False, checkpoints=False,
+                             stream_sized=True),
     # DALI's CPU video decoder has no H.264 (removed from DALI); decoding it in the Python source instead would
     # make the GPU loader a slower copy of the reader threads, which decode it on the CPU already.
     ("stream", "h264"): Graph(decode=_video, cpu=False, host_input=True, needs_parts=False, checkpoints=False,
-                              cpu_fallback=False,
+                              cpu_fallback=False, stream_sized=True,
                               gpu_only="DALI decodes H.264 with NVDEC on a GPU only; its CPU backend has no "
                                        "H.264 decoder"),
 }

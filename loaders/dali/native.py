@@ -130,6 +130,43 @@ def reader_features(names: tuple[str, ...] = READ) -> dict[str, Any]:
 __all__ = ["READ", "DaliTFRecordLoader", "padded_steps", "reader_features", "shard_sizes"]
 
 
+class _StreamGate:
+    """The one Python step of the native route, for payloads whose decoder sizes its pictures by the stream:
+    each payload's own headers are checked against its record's clip header (``DataSpec.shape_problem``, then
+    the codec's ``check_framing``, nothing decoded) before DALI's video decoder sees it.
+
+    Called by ``fn.python_function`` per sample, with the record's payload, shape, video id and clip index; it
+    hands the payload on unchanged, or raises the one-line FormatError naming the shard and clip, which it also
+    keeps (``refusal``) for the loader to raise as it is: DALI wraps the error in its own text. It holds the
+    store, never the loader, so a dropped loader is still collected.
+    """
+
+    def __init__(self, *, store: Any, first: dict[str, int]) -> None:
+        self.store, self.first = store, first
+        self.refusal: FormatError | None = None
+
+    def __call__(self, payload: np.ndarray, shape: np.ndarray, video_id: np.ndarray,
+                 clip_index: np.ndarray) -> np.ndarray:
+        header = tuple(int(x) for x in shape.reshape(-1))
+        problem = self.store.manifest.data.shape_problem(header)
+        if problem is None:
+            try:
+                self.store.codec.check_framing(payload, header, _NO_PARTS, _NO_PARTS)
+            except FormatError as exc:
+                problem = str(exc)
+        if problem is None:
+            return payload
+        video = bytes(video_id).decode("utf-8", "replace")
+        first = self.first.get(video)
+        where = self.store.where(first + int(clip_index.reshape(-1)[0])) if first is not None else \
+            f"{self.store.root}: video {video!r}"
+        self.refusal = FormatError(f"{where}: {problem}")
+        raise self.refusal
+
+
+_NO_PARTS = np.zeros(0, dtype=np.int64)
+
+
 def _pack(mask: np.ndarray) -> str:
     """A mask of clips as text for a state dict (base64 of its bits; a checkpoint holds plain values)."""
     return base64.b64encode(np.packbits(np.asarray(mask, dtype=bool)).tobytes()).decode("ascii") + f":{mask.size}"
@@ -192,13 +229,15 @@ def _relative(anchor: Any, slack: Any) -> Any:
 def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, stored_frames: int,
            preset: ClipPreset, batch_size: int, threads: int, device_id: int | None, prefetch: int, shard: int,
            shards: int, seed: int, epoch: int, initial_fill: int, normalize: bool, checkpoint: bytes | None,
-           build: bool = True) -> Pipeline:
+           gate: _StreamGate | None = None, build: bool = True) -> Pipeline:
     """The epoch's pipeline: reader -> decode -> crop/flip/normalise; outputs clip, label, video_id, clip_index
     and the record's shape (checked against ``spec`` by the loader: ``DataSpec.shape_problem``).
 
-    ``build=False`` returns it defined but not built: DALI checks operator
-    arguments and placements while the graph is defined, so a GPU graph can be
-    checked that far on a machine without CUDA.
+    ``gate``: where the payload's decoder sizes its pictures by the stream
+    (``Graph.stream_sized``), the check each payload passes before it
+    (required there). ``build=False`` returns it defined but not built: DALI
+    checks operator arguments and placements while the graph is defined, so
+    a GPU graph can be checked that far on a machine without CUDA.
     """
     if build:
         check_gpu(device_id)
@@ -258,6 +297,14 @@ def _build(*, files: list[str], indexes: list[str], codec: Any, spec: DataSpec, 
         # What the payload's pictures say of their size (CPU, nothing decoded), checked by the loader (_batch).
         pictures = [] if graph.picture_sizes is None else [
             graph.picture_sizes(data, offsets=offsets, sizes=sizes, frames=decoded_frames)]
+        if graph.stream_sized:
+            # Nothing in DALI reads a stream's size before its video decoder allocates by it: the gate reads the
+            # stream's headers in Python first (the decoder takes its input from host memory: nothing is copied).
+            if gate is None:
+                raise ValueError(f"{codec.name} payloads are decoded by the size their streams say: the pipeline "
+                                 f"needs a gate checking them")
+            data = fn.python_function(data, rec["shape"], rec["video_id"], rec["clip_index"], function=gate,
+                                      num_outputs=1)
         if where == "gpu" and not graph.host_input:
             data = data.gpu()
         clips = graph.decode(data, shape=fn.cast(shape, dtype=types.INT32), offsets=offsets, sizes=sizes,
@@ -365,6 +412,7 @@ class DaliTFRecordLoader(DaliLoaderBase):
         # clips every rank of the saving run had read).
         self._elastic: tuple[int, np.ndarray] | None = None
         self._source: Any = None  # the source-route loader reading that rest
+        self._gate: _StreamGate | None = None  # the current pipeline's check of video streams (Graph.stream_sized)
 
     # -- sizes ----------------------------------------------------------------
     @property
@@ -594,11 +642,12 @@ class DaliTFRecordLoader(DaliLoaderBase):
             # pipeline may read is fetched and held in the cache first (refused in one line when they cannot
             # all fit): DALI's own file-level shuffle decides which parts each epoch reads.
             self.store.hold_all(range(len(self.store.manifest.shards)))
+        self._gate = _StreamGate(store=self.store, first=self._first)
         return _build(files=self._files, indexes=self._indexes, codec=self.store.codec, spec=self.store.manifest.data,
                       stored_frames=self._stored_frames, preset=self.preset, batch_size=self.batch_size,
                       threads=self.threads, device_id=self.device_id, prefetch=self.prefetch, shard=self.rank,
                       shards=self.world_size, seed=self.seed, epoch=epoch, initial_fill=self.initial_fill,
-                      normalize=self.normalize, checkpoint=checkpoint, build=build)
+                      normalize=self.normalize, checkpoint=checkpoint, gate=self._gate, build=build)
 
     def _run(self, pipe: Pipeline, stream: Any) -> Any:
         """The pipeline's next outputs; on a failure the pipeline is closed and ``run_pipeline``'s FormatError
@@ -607,6 +656,9 @@ class DaliTFRecordLoader(DaliLoaderBase):
             return run_pipeline(pipe, stream, self.root)
         except FormatError:
             self.close()
+            refusal = self._gate.refusal if self._gate is not None else None
+            if refusal is not None:
+                raise refusal from None  # the gate's own line, not DALI's wrapping of it
             raise
 
     def _batch(self, outs: Any, start: int, stream: Any, *, pixels: bool = True) -> dict | None:
