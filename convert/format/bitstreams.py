@@ -21,6 +21,7 @@ What FORMAT.md (*Video payloads*) allows, and these checks hold:
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from .errors import FormatError
 
@@ -63,15 +64,16 @@ class _Bits:
         return (k + 1) // 2 if k & 1 else -(k // 2)
 
 
-def _nal_units(data: bytes) -> list[bytes]:
-    """The NAL units of an Annex-B byte stream (each without its start code), in order."""
+def _nal_units(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each NAL unit of an Annex-B byte stream (without its start code), in order; nothing is
+    copied (a stream is read for a handful of header bytes)."""
     units, pos = [], data.find(b"\x00\x00\x01")
     while pos >= 0:
         start = pos + 3
         pos = data.find(b"\x00\x00\x01", start)
-        end = len(data) if pos < 0 else pos
-        # A four-byte start code's leading zero, and any trailing zeros, belong to no NAL unit.
-        units.append(data[start:end].rstrip(b"\x00"))
+        # A four-byte start code's leading zero belongs to no NAL unit.
+        end = len(data) if pos < 0 else pos - (data[pos - 1] == 0)
+        units.append((start, end))
     return units
 
 
@@ -138,15 +140,15 @@ def check_h264(data: bytes, coded: tuple[int, int], frames: int) -> None:
     if not (data.startswith(b"\x00\x00\x00\x01") or data.startswith(b"\x00\x00\x01")):
         raise FormatError(f"h264 payload of {len(data)} bytes does not start with an Annex-B start code")
     pictures = sets = 0
-    for nal in _nal_units(data):
-        kind = nal[0] & 0x1F if nal else 0
+    for start, end in _nal_units(data):
+        kind = data[start] & 0x1F if end > start else 0
         if kind == _NAL_SPS:
-            size = h264_sps_size(nal)
+            size = h264_sps_size(data[start:end])
             if size != coded:
                 raise FormatError(f"h264 sequence parameter set codes {size[0]}x{size[1]} frames; the clip's are "
                                   f"coded at {coded[0]}x{coded[1]}")
             sets += 1
-        elif kind in (_NAL_SLICE, _NAL_IDR) and len(nal) > 1 and nal[1] & 0x80:
+        elif kind in (_NAL_SLICE, _NAL_IDR) and end > start + 1 and data[start + 1] & 0x80:
             # A slice whose first_mb_in_slice is 0 (Exp-Golomb "1": the first bit set) starts a picture.
             pictures += 1
             if pictures > frames:
@@ -157,10 +159,11 @@ def check_h264(data: bytes, coded: tuple[int, int], frames: int) -> None:
         raise FormatError(f"h264 payload holds {pictures} pictures, header says {frames}")
 
 
-def vp9_frame_size(frame: bytes) -> tuple[int, int] | None:
+def vp9_frame_size(frame: bytes | memoryview) -> tuple[int, int] | None:
     """(height, width) a VP9 frame's uncompressed header states, or None where it takes a reference frame's
     size (or shows one already decoded); FormatError where it is not a profile-0 frame."""
-    bits = _Bits(frame, "vp9 frame header")
+    # The fields read here lie in a profile-0 header's first 10 bytes; the rest of the frame is not copied.
+    bits = _Bits(bytes(frame[:16]), "vp9 frame header")
     if bits.u(2) != 2:
         raise FormatError("vp9 frame does not start with the frame marker")
     profile = bits.u(1) | bits.u(1) << 1
@@ -190,7 +193,7 @@ def vp9_frame_size(frame: bytes) -> tuple[int, int] | None:
     return height, width
 
 
-def vp9_superframe(frame: bytes) -> bool:
+def vp9_superframe(frame: bytes | memoryview) -> bool:
     """Whether VP9 frame data ends in a superframe index (several frames in one)."""
     if not frame or frame[-1] & 0xE0 != _VP9_SUPERFRAME:
         return False
@@ -200,7 +203,7 @@ def vp9_superframe(frame: bytes) -> bool:
     return len(frame) >= index and frame[-index] == marker
 
 
-def check_vp9(frames: list[bytes], coded: tuple[int, int]) -> None:
+def check_vp9(frames: Sequence[bytes | memoryview], coded: tuple[int, int]) -> None:
     """FormatError in one line unless each of the VP9 frames (each an IVF frame's data) is one profile-0 frame
     whose stated size, where it states one, is ``coded`` (height, width)."""
     for n, frame in enumerate(frames):

@@ -363,7 +363,7 @@ class Vp9Codec(VideoCodec):
         # header its size.
         view = memoryview(payload)
         self._check_ivf(view, shape)
-        check_vp9([bytes(view[at:at + n]) for at, n in ivf_frame_spans(view, shape[0])], coded_size(shape))
+        check_vp9([view[at:at + n] for at, n in ivf_frame_spans(view, shape[0])], coded_size(shape))
 
     @staticmethod
     def _check_ivf(view: memoryview, shape: tuple[int, ...]) -> None:
