@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Sequence
 
 import lz4.block
 import numpy as np
 
 from .errors import FormatError
-from .payload import Codec, Payload, _window_of, _window_out
+from .payload import Codec, Payload, _picks_out, _window_of, _window_out
 from .video import H264Codec, Vp9Codec
 
 
@@ -109,6 +110,32 @@ class PerFrameCodec(Codec):
         starts, lengths = offsets[t0:t0 + t].tolist(), sizes[t0:t0 + t].tolist()
         for k in range(t):
             self.decode_frame_into(view[starts[k]:starts[k] + lengths[k]], shape, t0 + k, out[k])
+        return out
+
+
+    def frames_at(self, payload: bytes | memoryview, shape: tuple[int, ...], picks: Sequence[int],
+                  out: np.ndarray, *, at: tuple[int, int] = (0, 0)) -> np.ndarray:
+        # Only the frames picked are decoded, each once (a repeat is copied); a whole frame goes straight into
+        # its row of ``out``, a cropped one through one scratch frame.
+        js = _picks_out(shape, picks, out, at)
+        view = memoryview(payload)
+        offsets, sizes = self.parts(view, shape)
+        whole = tuple(out.shape[1:3]) == tuple(shape[1:3])
+        y0, x0 = at
+        h, w = out.shape[1:3]
+        scratch = None if whole else np.empty(tuple(shape[1:]), dtype=np.uint8)
+        done: dict[int, int] = {}
+        for k, j in enumerate(js):
+            if j in done:
+                out[k] = out[done[j]]
+                continue
+            part = view[int(offsets[j]):int(offsets[j] + sizes[j])]
+            if scratch is None:
+                self.decode_frame_into(part, shape, j, out[k])
+            else:
+                self.decode_frame_into(part, shape, j, scratch)
+                out[k] = scratch[y0:y0 + h, x0:x0 + w]
+            done[j] = k
         return out
 
 

@@ -205,6 +205,21 @@ class DataSpec:
                     f"most {MAX_ASPECT * cast(int, short)}")
         return None
 
+    def timeline_problem(self) -> str | None:
+        """Why this conversion's clips are not a frame timeline of each video, in one line; None when they are.
+
+        Clips of stride 1 whose step is the clip length tile a video: frame i
+        of the video is frame ``i % T`` of its clip ``i // T`` (FORMAT.md,
+        *Frame timeline*), so a reader can assemble any frames of it. Clips
+        with gaps or overlaps can still be read as clips, not as a timeline.
+        """
+        c = self.clip
+        if c.stride == 1 and c.step == c.clip_len:
+            return None
+        return (f"its clips (clip_len {c.clip_len}, stride {c.stride}, step {c.step}) do not tile each video's "
+                f"frames (stride 1 and step = clip_len do), so they are read as clips only; convert with the "
+                f"default --stride 1 and --step to read frames at any step and length")
+
     def shape_bounds(self) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
         """(lowest, highest) of each of (T, H, W, C) ``shape_problem`` allows: the box a reader that cannot ask
         it per clip before decoding (DALI's native route) clamps a record's shape into."""

@@ -7,6 +7,7 @@ the other's definitions through a cycle.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,6 +25,22 @@ def _window_out(shape: tuple[int, ...], t0: int, t: int, out: np.ndarray | None)
     if out.shape != want or out.dtype != np.uint8:
         raise ValueError(f"out must be uint8 {want}, got {out.dtype} {out.shape}")
     return out
+
+
+def _picks_out(shape: tuple[int, ...], picks: Sequence[int], out: np.ndarray, at: tuple[int, int]) -> list[int]:
+    """``picks`` as a list, checked against a clip of ``shape`` and ``out`` (uint8 (len(picks), h, w, C) whose
+    (h, w) from ``at`` lies inside the frame); FormatError for a frame outside the clip, ValueError for a bad
+    ``out`` or ``at``."""
+    js = [int(j) for j in picks]
+    if js and not (0 <= min(js) and max(js) < shape[0]):
+        raise FormatError(f"frame {max(js) if max(js) >= shape[0] else min(js)} falls outside a clip of "
+                          f"{shape[0]} frames")
+    y0, x0 = at
+    if out.dtype != np.uint8 or out.ndim != 4 or out.shape[0] != len(js) or out.shape[3] != shape[3] \
+            or not (0 <= y0 and 0 <= x0 and y0 + out.shape[1] <= shape[1] and x0 + out.shape[2] <= shape[2]):
+        raise ValueError(f"out must be uint8 ({len(js)}, h, w, {shape[3]}) with its h x w at {at} inside frames "
+                         f"of {shape[1]}x{shape[2]}, got {out.dtype} {out.shape}")
+    return js
 
 
 def _window_of(frames: np.ndarray, t0: int, t: int, out: np.ndarray | None) -> np.ndarray:
@@ -164,6 +181,25 @@ class Codec:
         Only the window's frames are decoded where the payload allows it.
         """
         raise NotImplementedError
+
+    def frames_at(self, payload: bytes | memoryview, shape: tuple[int, ...], picks: Sequence[int],
+                  out: np.ndarray, *, at: tuple[int, int] = (0, 0)) -> np.ndarray:
+        """Frames ``picks`` of the clip (any order, repeats allowed) written into ``out``, uint8
+        (len(picks), h, w, C): of each frame the h x w region whose top-left corner is ``at`` (row, column).
+
+        What a reader assembling a sample from a video's stored clips asks of
+        each clip (``ClipStore.frames``). Here: the frames from the first to
+        the last picked are decoded (``window``); codecs that can decode only
+        the frames picked override it.
+        """
+        js = _picks_out(shape, picks, out, at)
+        if js:
+            first = min(js)
+            frames = self.window(payload, shape, first, max(js) - first + 1)
+            y0, x0 = at
+            h, w = out.shape[1:3]
+            out[...] = frames[np.asarray(js) - first, y0:y0 + h, x0:x0 + w]
+        return out
 
     def parts(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, sizes) int64: the byte ranges of ``payload`` coded separately, one per frame or one in all."""

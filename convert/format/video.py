@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from .bitstreams import IVF_HEADER, check_h264, check_vp9, ivf_frame_spans
 from .errors import FormatError
-from .payload import ClipEncoder, Codec, Payload, _window_out
+from .payload import ClipEncoder, Codec, Payload, _picks_out, _window_out
 
 if TYPE_CHECKING:
     import av
@@ -130,8 +130,9 @@ def _as_yuv420p(frame: av.VideoFrame) -> av.VideoFrame:
     return out
 
 
-def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
-    """A decoded frame as RGB (FORMAT.md's conversion), cropped to ``out``'s (H, W) and written into it."""
+def rgb_into(frame: av.VideoFrame, out: np.ndarray, at: tuple[int, int] = (0, 0)) -> None:
+    """A decoded frame as RGB (FORMAT.md's conversion), its ``out``-sized region whose top-left corner is ``at``
+    written into ``out``."""
 
     if frame.format.name != "yuv420p":
         # H.264 decoders report full range as the deprecated "yuvj420p", which libswscale converts differently
@@ -143,7 +144,7 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray) -> None:
     rgb = sws.to_rgb.reformat(frame, format="rgb24", src_colorspace=sws.bt601, src_color_range=sws.full,
                               interpolation=sws.decode_flags, threads=1).to_ndarray()
     h, w = out.shape[:2]
-    out[...] = rgb[:h, :w]
+    out[...] = rgb[at[0]:at[0] + h, at[1]:at[1] + w]
 
 
 class VideoCodec(Codec):
@@ -249,6 +250,33 @@ class VideoCodec(Codec):
                     rgb_into(frame, out[n - t0])
                 except av.FFmpegError as exc:  # libswscale's, said as pictures() says the decoder's
                     raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
+        return out
+
+
+    def frames_at(self, payload: bytes | memoryview, shape: tuple[int, ...], picks: Sequence[int],
+                  out: np.ndarray, *, at: tuple[int, int] = (0, 0)) -> np.ndarray:
+        # Decoded from the start (a closed GOP) up to the last frame picked, and no further; only the frames
+        # picked are converted to RGB, and only their region of it kept.
+        import av
+
+        js = _picks_out(shape, picks, out, at)
+        if not js:
+            return out
+        rows: dict[int, list[int]] = {}
+        for k, j in enumerate(js):
+            rows.setdefault(j, []).append(k)
+        last = max(js)
+        for n, frame in enumerate(self.pictures(payload, shape)):
+            if n in rows:
+                first, *rest = rows[n]
+                try:
+                    rgb_into(frame, out[first], at)
+                except av.FFmpegError as exc:  # libswscale's, said as pictures() says the decoder's
+                    raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
+                for k in rest:
+                    out[k] = out[first]
+            if n == last:
+                break
         return out
 
 

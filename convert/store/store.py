@@ -65,7 +65,7 @@ class ClipStore(Sequence):
         self.classes: list[str] = list(self.manifest.classes)
         check_plan(self.root, self.manifest)
         self.shard_paths = [self.source.shard_path(si) for si in range(len(self.manifest.shards))]
-        shard_of, ids, labels, counts = [], [], [], []
+        shard_of, ids, labels, counts, frames = [], [], [], [], []
         for si, meta in enumerate(self.manifest.shards):
             stored_meta, records, where = self.source.index(si)
             check_shard_meta(stored_meta, self.manifest, si, where)
@@ -76,6 +76,7 @@ class ClipStore(Sequence):
                     ids.append(rec.video_id)
                     labels.append(rec.label)
                     counts.append(rec.clips)
+                    frames.append(rec.frames)
                     n += rec.clips
             if n != meta.clips:
                 raise FormatError(f"{where}: holds {n} clips, manifest says {meta.clips} (truncated or replaced?)")
@@ -84,6 +85,10 @@ class ClipStore(Sequence):
         self.video_shard = np.asarray(shard_of, dtype=np.int32)
         self.video_clips = np.asarray(counts, dtype=np.int64)
         self._ends = np.cumsum(self.video_clips)
+        # Each video's frame timeline (FORMAT.md, *Frame timeline*): the frames its clips hold, in order, no more
+        # than its record's frame count (a video shorter than a clip was stored padded: its own frames only).
+        self.video_frames = np.minimum(self.video_clips * self.manifest.data.clip.clip_len,
+                                       np.asarray(frames, dtype=np.int64))
         self._storage: np.ndarray | None = None
         bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
         if bad.size:
@@ -252,6 +257,66 @@ class ClipStore(Sequence):
         self.visit([i], decode)
         header, clip = got[0]
         return ClipSample(clip, header.label, header.video_id, header.clip_index)
+
+    def frame_shape(self, video: int) -> tuple[int, int]:
+        """(H, W) of video number ``video``'s frames, from its first clip's header (nothing decoded): every clip
+        of a video has its frames' size."""
+        got: list[tuple[int, int]] = []
+        self.visit([self._video_clip(video, 0)], lambda _, header, __: got.append(header.shape[1:3]))
+        return got[0]
+
+    def _video_clip(self, video: int, chunk: int) -> int:
+        """The global index of clip ``chunk`` of video number ``video``."""
+        if not 0 <= video < len(self.video_ids):
+            raise IndexError(f"video {video} out of range for {len(self.video_ids)} videos")
+        return int(self._ends[video] - self.video_clips[video]) + chunk
+
+    def frames(self, video: int, indices: Sequence[int] | np.ndarray, *, out: np.ndarray | None = None,
+               at: tuple[int, int] = (0, 0), verify: bool = False) -> np.ndarray:
+        """Frames ``indices`` of video number ``video``'s timeline (FORMAT.md, *Frame timeline*: frame i is
+        frame i % T of its clip i // T) as uint8 (len(indices), h, w, 3), in the order asked (repeats allowed).
+
+        ``out``: written into it, and returned; its (h, w) is the region of
+        each frame whose top-left corner is ``at`` (a crop; without ``out``,
+        whole frames). Only the clips the indices fall in are read, each once
+        and decoded once: jpeg and lz4 decode just the frames asked, raw
+        copies just them, h264 and vp9 decode a clip up to its last frame
+        asked and convert just the frames asked to RGB. ``verify`` checks each
+        clip's CRC-32 first (always for a bitstream, as ``get``). A
+        conversion whose clips do not tile its videos is refused in one line
+        (``DataSpec.timeline_problem``), as is an index outside the video's
+        ``video_frames``; a damaged clip is a FormatError naming its shard
+        and clip, as ``get``'s.
+        """
+        problem = self.manifest.data.timeline_problem()
+        if problem is not None:
+            raise FormatError(f"{self.name}: cannot read frames at read time: {problem}")
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        first = self._video_clip(video, 0)
+        length = int(self.video_frames[video])
+        if idx.size and (idx.min() < 0 or idx.max() >= length):
+            bad = int(idx[(idx < 0) | (idx >= length)][0])
+            raise IndexError(f"frame {bad} out of range for video {self.video_ids[video]!r} of {length} frames")
+        if out is None:
+            out = np.empty((idx.size, *self.frame_shape(video), 3), dtype=np.uint8)
+        t = self.manifest.data.clip.clip_len
+        chunk, within = np.divmod(idx, t)
+        touched = np.unique(chunk)
+        rows = {int(c): np.flatnonzero(chunk == c) for c in touched.tolist()}
+
+        def decode(k: int, header: ClipHeader, payload: memoryview) -> None:
+            codec = codec_for_id(header.codec_id)
+            if codec.payload.crc_checked(verify):
+                check_crc(payload, header)
+            mine = rows[int(touched[k])]
+            if mine[-1] - mine[0] + 1 == mine.size:  # the rows of this clip are a run of out: decode straight in
+                codec.frames_at(payload, header.shape, within[mine].tolist(), out[mine[0]:mine[-1] + 1], at=at)
+            else:
+                out[mine] = codec.frames_at(payload, header.shape, within[mine].tolist(),
+                                            np.empty((mine.size, *out.shape[1:]), dtype=np.uint8), at=at)
+
+        self.visit((first + touched).tolist(), decode)
+        return out
 
     @overload
     def __getitem__(self, i: int) -> ClipSample: ...
