@@ -17,23 +17,25 @@ loader (``loaders.threaded``) calls it from its reader threads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from convert.format import ClipHeader
+from convert.format import ClipHeader, FormatError
 from convert.store import ClipStore, open_clips
 from convert.store.cache import CacheSettings
 
 from .cropread import crop_into
-from .presets import ClipPreset
+from .presets import ClipPreset, apply
+from .sampling import SampleSpec, VideoSamples
 
 
 class ClipBatch(list[dict]):
@@ -82,11 +84,23 @@ class ClipDataset(Dataset):
     value's CRC-32 as it is read. ``root`` may be a URL (``s3://...``): it is
     read through a local shard cache, ``cache`` its settings
     (``convert.store.cache.CacheSettings``).
+
+    ``spec`` (``loaders.sampling.SampleSpec``; default: the stored clips)
+    says which frames a sample is. With rule ``"window"`` or ``"segments"``
+    the items are samples of videos, not stored clips: item ``i`` is of video
+    ``i // per_video`` (``spec.per_video(train)``), its frames drawn from
+    (seed, epoch, i) and read from the video's frame timeline
+    (``ClipStore.frames``: a conversion whose clips do not tile its videos is
+    refused in one line), then cropped by the preset as a clip of those
+    frames; ``clip_index`` is the sample's number within its video. The
+    preset's ``clip_len`` is the spec's ``frames`` (one setting: a preset
+    that says otherwise is refused).
     """
 
     def __init__(self, root: str, *, train: bool, preset: ClipPreset | None = None, crop_size: int = 112,
                  clip_len: int | None = None, seed: int = 0, verify_checksums: bool = False, flip: bool = True,
-                 multiscale: tuple[float, ...] | None = None, cache: CacheSettings | None = None) -> None:
+                 multiscale: tuple[float, ...] | None = None, cache: CacheSettings | None = None,
+                 spec: SampleSpec | None = None) -> None:
         if preset is None:
             preset = ClipPreset(train=train, crop_size=crop_size, clip_len=clip_len, seed=seed, flip=flip,
                                 multiscale=multiscale)
@@ -103,28 +117,48 @@ class ClipDataset(Dataset):
                 raise ValueError(f"arguments disagree with the preset: {', '.join(clash)}")
             if preset.train != train:
                 raise ValueError(f"train={train} but the preset has train={preset.train}")
+        spec = SampleSpec() if spec is None else spec
+        if not isinstance(spec, SampleSpec):
+            raise ValueError(f"spec must be a SampleSpec or None, got {type(spec).__name__}")
+        if spec.frames is not None and preset.clip_len != spec.frames:
+            if preset.clip_len is not None:
+                raise ValueError(f"the preset's clip_len {preset.clip_len} disagrees with the spec's frames "
+                                 f"{spec.frames}")
+            preset = dataclasses.replace(preset, clip_len=spec.frames)
         self.root = root
         self.train = train
         self.preset = preset
+        self.spec = spec
         self.verify_checksums = bool(verify_checksums)
         self.store: ClipStore = open_clips(root, cache=cache)
         self.classes: list[str] = self.store.classes
         self.epoch = 0
         # Rows: this process, then DataLoader workers (by id, wrapping after 64).
         self._work = torch.zeros((65, 2), dtype=torch.float64).share_memory_()
-        stored = self.store.manifest.data.clip.clip_len
-        if preset.clip_len is not None and preset.clip_len > stored:
+        data = self.store.manifest.data
+        stored = data.clip.clip_len
+        self.samples: VideoSamples | None = None
+        if spec.rule != "clips":
+            problem = data.timeline_problem()
+            if problem is None:
+                self.samples = VideoSamples(spec=spec, lengths=self.store.video_frames, train=train,
+                                            seed=preset.seed)
+                problem = self.samples.problem()
+            if problem is not None:
+                raise ValueError(f"{self.store.name}: cannot serve {spec}: {problem}")
+            stored = spec.length
+        elif preset.clip_len is not None and preset.clip_len > stored:
             raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
-        shape = self.store.manifest.data.clip_shape
+        shape = data.clip_shape
         if shape:
-            preset.params(0, 0, shape)  # a crop that cannot fit fails here, not in a worker
+            preset.params(0, 0, (stored, *shape[1:]))  # a crop that cannot fit fails here, not in a worker
         self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
         if self.verify_checksums:
             self.verify()
 
     # -- the index ----------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.store)
+        return len(self.store) if self.samples is None else len(self.samples)
 
     def set_epoch(self, epoch: int) -> None:
         """Epoch used for plain int items (tuples carry their own)."""
@@ -133,12 +167,16 @@ class ClipDataset(Dataset):
         self.epoch = int(epoch)
 
     def labels(self) -> np.ndarray:
-        """Label of every clip, in index order (for samplers)."""
-        return self.store.labels()
+        """Label of every item, in index order (for samplers)."""
+        if self.samples is None:
+            return self.store.labels()
+        return np.repeat(self.store.video_labels, self.samples.per_video)
 
     def video_index(self) -> np.ndarray:
-        """Video number of every clip, in index order (for video-level evaluation)."""
-        return self.store.video_index()
+        """Video number of every item, in index order (for video-level evaluation)."""
+        if self.samples is None:
+            return self.store.video_index()
+        return np.repeat(np.arange(len(self.store.video_ids)), self.samples.per_video)
 
     @property
     def video_ids(self) -> list[str]:
@@ -158,11 +196,11 @@ class ClipDataset(Dataset):
             epoch, i = operator.index(item[0]), operator.index(item[1])
         else:
             epoch, i = self.epoch, operator.index(item)
-        n = len(self.store)
+        n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"clip {i} out of range for {n} clips")
+            raise IndexError(f"{'clip' if self.samples is None else 'sample'} {i} out of range for {n}")
         return epoch, i
 
     # -- reading ------------------------------------------------------------
@@ -183,6 +221,8 @@ class ClipDataset(Dataset):
         pairs = [self._resolve(it) for it in items]
         clips, labels, cidx, index = out["clip"], out["label"], out["clip_index"], out["index"]
         vids: list = [None] * len(pairs)
+        if self.samples is not None:
+            return self._read_samples(pairs, out, vids)
 
         def fill(pos: int, header: ClipHeader, payload: memoryview) -> None:
             epoch, i = pairs[pos]
@@ -190,6 +230,23 @@ class ClipDataset(Dataset):
             labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id
 
         self.store.visit([i for _, i in pairs], fill)
+        return {"video_id": vids}
+
+    def _read_samples(self, pairs: list[tuple[int, int]], out: dict[str, np.ndarray], vids: list) -> dict[str, list]:
+        """``read_into`` for samples of videos: each sample's frames read from its video's timeline, then cut
+        by the preset as a clip of those frames."""
+        samples, store = cast(VideoSamples, self.samples), self.store
+        for pos, (epoch, i) in enumerate(pairs):
+            v = samples.video(i)
+            frames = store.frames(v, samples.indices(epoch, i), verify=self.verify_checksums)
+            try:
+                apply(frames, self.preset.params(epoch, i, frames.shape), out=out["clip"][pos])
+            except ValueError as exc:
+                raise FormatError(f"{store.name}: video {store.video_ids[v]!r}: frames of {frames.shape[1]}x"
+                                  f"{frames.shape[2]} do not suit the preset: {exc}") from exc
+            out["label"][pos], out["clip_index"][pos], out["index"][pos] = store.video_labels[v], \
+                i % samples.per_video, i
+            vids[pos] = store.video_ids[v]
         return {"video_id": vids}
 
     def __getitem__(self, item: Any) -> dict:

@@ -1,0 +1,148 @@
+"""Samples assembled at read time from one conversion: ``SampleSpec``, ``VideoSamples`` and ``ClipDataset(spec=)``.
+
+The spec decides which frames of a video one sample is (random windows at
+any step, uniform evaluation views, TSN segments, SlowFast's pathways);
+every reader gives the same samples, drawn from (seed, epoch, index).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from convert.store import open_clips
+from loaders import ClipDataset
+from loaders.factory import build_loader
+from loaders.presets import ClipPreset
+from loaders.sampler import DistributedClipSampler
+from loaders.sampling import SampleSpec, VideoSamples
+
+from .loaders_fixtures import converted
+
+SIZE = (32, 40)
+
+
+@pytest.fixture(scope="module")
+def timeline(tmp_path_factory):
+    """Five videos of about 3 s, jpeg at 32x40 with the default clips (a frame timeline), and a --stride 2 one."""
+    from convert.synth import make_dataset
+
+    base = str(tmp_path_factory.mktemp("sampling"))
+    src = f"{base}/src"
+    make_dataset(src, per_class=1, seconds=3.0, seed=5)
+    return {"default": converted(src, base, "jpeg", codec="jpeg", size=SIZE),
+            "stride2": converted(src, base, "jpeg2", codec="jpeg", size=SIZE, stride=2)}
+
+
+def test_a_spec_is_validated_and_round_trips_through_a_checkpoint():
+    spec = SampleSpec(frames=32, step=2, rule="window", clips_per_video=5, views=10, alpha=4)
+    assert SampleSpec.from_dict(spec.to_dict()) == spec and spec.span == 63
+    assert spec.slow_indices().tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"rule": "window"}, "needs frames"), ({"frames": 0, "rule": "window"}, "frames must be"),
+        ({"frames": 8, "rule": "dense"}, "rule must be one of"),
+        ({"frames": 8, "step": 2, "rule": "segments"}, "takes step 1"),
+        ({"frames": 8, "clips_per_video": 2}, "rule 'clips' reads each stored clip once"),
+        ({"frames": 32, "rule": "window", "alpha": 5}, "alpha 5 must divide frames 32")]
+    for bad, words in cases:
+        with pytest.raises(ValueError, match=words):
+            SampleSpec(**bad)
+    with pytest.raises(ValueError, match="unknown sample spec fields"):
+        SampleSpec.from_dict({"frames": 8, "speed": 2})
+
+
+def test_windows_views_and_segments_follow_the_recipes():
+    lengths = np.array([100, 40, 10])
+    train = VideoSamples(spec=SampleSpec(frames=16, step=4, rule="window", clips_per_video=5), lengths=lengths,
+                         train=True, seed=3)
+    assert len(train) == 15 and train.video(7) == 1
+    for i in range(len(train)):
+        idx = train.indices(2, i)
+        assert np.array_equal(idx, train.indices(2, i))  # keyed: the same draw every time it is asked
+        if train.video(i) == 0:
+            assert idx[0] <= 100 - 61 and idx[-1] - idx[0] == 60
+    assert any(not np.array_equal(train.indices(0, i), train.indices(1, i)) for i in range(5))  # new per epoch
+    # A 40-frame video is shorter than the 61-frame span, a 10-frame one too: their frames loop (SHORT_RULE).
+    assert train.indices(0, 5).tolist() == [(4 * k) % 40 for k in range(16)]
+    assert train.indices(0, 10).tolist() == [(4 * k) % 10 for k in range(16)]
+    views = VideoSamples(spec=SampleSpec(frames=16, step=2, rule="window", views=3), lengths=np.array([100]),
+                         train=False)
+    # mmaction2's test offsets: slack 70, view k at int((k + 0.5) * 70 / 3).
+    assert [int(views.indices(0, k)[0]) for k in range(3)] == [11, 35, 58]
+    segs = VideoSamples(spec=SampleSpec(frames=8, rule="segments"), lengths=np.array([80]), train=False)
+    assert segs.indices(0, 0).tolist() == [5, 15, 25, 35, 45, 55, 65, 75]
+    segs_train = VideoSamples(spec=SampleSpec(frames=8, rule="segments"), lengths=np.array([80]), train=True)
+    got = segs_train.indices(4, 0)
+    assert all(10 * k <= int(f) < 10 * (k + 1) for k, f in enumerate(got))
+    too_long = VideoSamples(spec=SampleSpec(frames=64, step=2, rule="window"), lengths=lengths, train=True)
+    assert "spans 127 frames, longer than every video (the longest has 100)" in (too_long.problem() or "")
+
+
+@pytest.mark.parametrize("spec", [SampleSpec(frames=16, step=4, rule="window", clips_per_video=2),
+                                  SampleSpec(frames=8, rule="segments"),
+                                  SampleSpec(frames=32, step=2, rule="window", alpha=4)], ids=str)
+def test_every_reader_gives_the_same_samples_and_each_is_the_timeline_cut(timeline, spec):
+    root = timeline["default"]
+    store = open_clips(root)
+    preset = ClipPreset(train=True, crop_size=24, seed=9, clip_len=spec.frames)
+    ds = ClipDataset(root, train=True, preset=preset, spec=spec)
+    assert len(ds) == len(store.video_ids) * spec.clips_per_video and ds.clip_shape == (spec.frames, 24, 24, 3)
+    direct = ds.__getitems__([(1, i) for i in range(len(ds))]).collated
+    for i in range(len(ds)):
+        v = ds.samples.video(i)
+        frames = store.frames(v, ds.samples.indices(1, i))
+        p = preset.params(1, i, frames.shape)
+        want = frames[:, p.y0:p.y0 + p.h, p.x0:p.x0 + p.w]
+        want = want[:, :, ::-1] if p.flip else want
+        assert np.array_equal(direct["clip"][i].numpy(), want)
+        assert int(direct["label"][i]) == int(store.video_labels[v]) and direct["video_id"][i] == store.video_ids[v]
+    assert np.array_equal(ds.labels(), direct["label"].numpy())
+    batches = {}
+    for threads, workers in ((2, None), (None, 2), (None, 0)):
+        sampler = DistributedClipSampler(len(ds), num_replicas=1, rank=0, seed=4)
+        sampler.set_epoch(1)
+        with build_loader(ds, batch_size=3, sampler=sampler, drop_last=False, pin_memory=False, threads=threads,
+                          workers=workers) as loader:
+            batches[(threads, workers)] = [(b["index"].clone(), b["clip"].clone()) for b in loader]
+    first, *rest = batches.values()
+    for other in rest:
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, other))
+    for index, clip in first:
+        for k, i in enumerate(index.tolist()):
+            assert torch.equal(clip[k], direct["clip"][i])
+
+
+def test_the_default_spec_reads_the_stored_clips_as_before(timeline):
+    root = timeline["default"]
+    preset = ClipPreset(train=True, crop_size=24, seed=9, clip_len=8)
+    plain = ClipDataset(root, train=True, preset=preset)
+    spec = ClipDataset(root, train=True, preset=ClipPreset(train=True, crop_size=24, seed=9), spec=SampleSpec(frames=8))
+    items = [(0, i) for i in range(len(plain))]
+    assert len(plain) == len(spec) and plain.preset == spec.preset
+    assert torch.equal(plain.__getitems__(items).collated["clip"], spec.__getitems__(items).collated["clip"])
+
+
+def test_a_spec_the_data_cannot_serve_is_refused_in_one_line(timeline):
+    with pytest.raises(ValueError, match="do not tile each video's frames") as exc:
+        ClipDataset(timeline["stride2"], train=True, crop_size=24, spec=SampleSpec(frames=8, rule="window"))
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="longer than every video"):
+        ClipDataset(timeline["default"], train=True, crop_size=24, spec=SampleSpec(frames=64, step=8, rule="window"))
+    with pytest.raises(ValueError, match="crop_size 48 does not fit"):
+        ClipDataset(timeline["default"], train=True, crop_size=48, spec=SampleSpec(frames=8, rule="window"))
+    with pytest.raises(ValueError, match="disagrees with the spec's frames"):
+        ClipDataset(timeline["default"], train=True, preset=ClipPreset(train=True, clip_len=16, crop_size=24),
+                    spec=SampleSpec(frames=8, rule="window"))
+
+
+def test_evaluation_views_are_the_same_every_pass(timeline):
+    ds = ClipDataset(timeline["default"], train=False, crop_size=24,
+                     spec=SampleSpec(frames=16, step=2, rule="window", views=3))
+    assert len(ds) == 3 * len(ds.store.video_ids)
+    assert ds.video_index().tolist() == np.repeat(np.arange(len(ds.store.video_ids)), 3).tolist()
+    a = ds.__getitems__([(0, i) for i in range(len(ds))]).collated["clip"]
+    b = ds.__getitems__([(5, i) for i in range(len(ds))]).collated["clip"]
+    assert torch.equal(a, b)
