@@ -17,7 +17,6 @@ loader (``loaders.threaded``) calls it from its reader threads.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import time
@@ -35,7 +34,7 @@ from convert.store.cache import CacheSettings
 
 from .cropread import crop_into
 from .presets import ClipPreset, apply
-from .sampling import SampleSpec, VideoSamples
+from .sampling import SampleSpec, VideoSamples, plan_reads
 
 
 class ClipBatch(list[dict]):
@@ -117,42 +116,17 @@ class ClipDataset(Dataset):
                 raise ValueError(f"arguments disagree with the preset: {', '.join(clash)}")
             if preset.train != train:
                 raise ValueError(f"train={train} but the preset has train={preset.train}")
-        spec = SampleSpec() if spec is None else spec
-        if not isinstance(spec, SampleSpec):
-            raise ValueError(f"spec must be a SampleSpec or None, got {type(spec).__name__}")
-        if spec.frames is not None and preset.clip_len != spec.frames:
-            if preset.clip_len is not None:
-                raise ValueError(f"the preset's clip_len {preset.clip_len} disagrees with the spec's frames "
-                                 f"{spec.frames}")
-            preset = dataclasses.replace(preset, clip_len=spec.frames)
         self.root = root
         self.train = train
-        self.preset = preset
-        self.spec = spec
         self.verify_checksums = bool(verify_checksums)
         self.store: ClipStore = open_clips(root, cache=cache)
         self.classes: list[str] = self.store.classes
         self.epoch = 0
         # Rows: this process, then DataLoader workers (by id, wrapping after 64).
         self._work = torch.zeros((65, 2), dtype=torch.float64).share_memory_()
-        data = self.store.manifest.data
-        stored = data.clip.clip_len
-        self.samples: VideoSamples | None = None
-        if spec.rule != "clips":
-            problem = data.timeline_problem()
-            if problem is None:
-                self.samples = VideoSamples(spec=spec, lengths=self.store.video_frames, train=train,
-                                            seed=preset.seed)
-                problem = self.samples.problem()
-            if problem is not None:
-                raise ValueError(f"{self.store.name}: cannot serve {spec}: {problem}")
-            stored = spec.length
-        elif preset.clip_len is not None and preset.clip_len > stored:
-            raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
-        shape = data.clip_shape
-        if shape:
-            preset.params(0, 0, (stored, *shape[1:]))  # a crop that cannot fit fails here, not in a worker
-        self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
+        plan = plan_reads(self.store, preset, spec, train=train)
+        self.spec, self.preset, self.samples = plan.spec, plan.preset, plan.samples
+        self.clip_shape: tuple[int, int, int, int] = self.preset.out_shape(plan.frames)
         if self.verify_checksums:
             self.verify()
 

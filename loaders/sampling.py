@@ -17,13 +17,19 @@ Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .keyed import KeyedDraws
+
+if TYPE_CHECKING:
+    from convert.store import ClipStore
+
+    from .presets import ClipPreset
 
 RULES = ("clips", "window", "segments")
 # What a sample of a video shorter than the span it needs holds: its frames looped (mmaction2's SampleFrames;
@@ -204,4 +210,47 @@ class VideoSamples:
         return None
 
 
-__all__ = ["RULES", "SHORT_RULE", "SampleSpec", "VideoSamples"]
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a reader of a conversion reads for a spec and a preset (``plan_reads``): the ``spec``, the
+    ``preset`` (its ``clip_len`` the spec's frames), ``samples`` (None: the stored clips are the samples) and
+    ``frames``, the frames of one sample before the preset's window (a stored clip's, or the spec's)."""
+
+    spec: SampleSpec
+    preset: ClipPreset
+    samples: VideoSamples | None
+    frames: int
+
+
+def plan_reads(store: ClipStore, preset: ClipPreset, spec: SampleSpec | None, *, train: bool) -> ReadPlan:
+    """The one place a reader (``ClipDataset``, the DALI loaders) checks a spec and a preset against a
+    conversion, before reading anything: ValueError in one line naming the conversion for a spec it cannot
+    serve (clips that do not tile its videos, a span longer than every video), a preset that disagrees with the
+    spec, or a crop that does not fit its frames."""
+    spec = SampleSpec() if spec is None else spec
+    if not isinstance(spec, SampleSpec):
+        raise ValueError(f"spec must be a SampleSpec or None, got {type(spec).__name__}")
+    if spec.frames is not None and preset.clip_len != spec.frames:
+        if preset.clip_len is not None:
+            raise ValueError(f"the preset's clip_len {preset.clip_len} disagrees with the spec's frames "
+                             f"{spec.frames}")
+        preset = dataclasses.replace(preset, clip_len=spec.frames)
+    data = store.manifest.data
+    frames = data.clip.clip_len
+    samples = None
+    if spec.rule != "clips":
+        problem = data.timeline_problem()
+        if problem is None:
+            samples = VideoSamples(spec=spec, lengths=store.video_frames, train=train, seed=preset.seed)
+            problem = samples.problem()
+        if problem is not None:
+            raise ValueError(f"{store.name}: cannot serve {spec}: {problem}")
+        frames = spec.length
+    elif preset.clip_len is not None and preset.clip_len > frames:
+        raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({frames} frames)")
+    if data.clip_shape:
+        preset.params(0, 0, (frames, *data.clip_shape[1:]))  # a crop that cannot fit fails here, not in a reader
+    return ReadPlan(spec, preset, samples, frames)
+
+
+__all__ = ["RULES", "SHORT_RULE", "ReadPlan", "SampleSpec", "VideoSamples", "plan_reads"]

@@ -146,3 +146,32 @@ def test_evaluation_views_are_the_same_every_pass(timeline):
     a = ds.__getitems__([(0, i) for i in range(len(ds))]).collated["clip"]
     b = ds.__getitems__([(5, i) for i in range(len(ds))]).collated["clip"]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dali_source_route_assembles_the_same_samples_and_the_native_route_names_it(timeline, workers, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from loaders.dali import DaliClipLoader, DaliTFRecordLoader
+
+    root = timeline["default"]
+    spec = SampleSpec(frames=16, step=3, rule="window", clips_per_video=2)
+    preset = ClipPreset(train=True, crop_size=24, seed=9, clip_len=16)
+    ds = ClipDataset(root, train=True, preset=preset, spec=spec)
+    loader = DaliClipLoader(root, train=True, batch_size=2, preset=preset, spec=spec, workers=workers)
+    loader.set_epoch(2)
+    got = list(loader)
+    loader.close()
+    assert len(got) == len(ds) // 2
+    for batch in got:
+        want = ds.__getitems__([(2, int(i)) for i in batch["index"]]).collated
+        assert torch.equal(batch["clip"], want["clip"]) and torch.equal(batch["label"], want["label"])
+        assert batch["video_id"] == want["video_id"] and torch.equal(batch["clip_index"], want["clip_index"])
+    if workers == 0:
+        from convert.synth import make_dataset
+
+        src = str(tmp_path / "src")
+        make_dataset(src, per_class=1, seconds=1.0, seed=5)
+        tf = converted(src, str(tmp_path), "tf", codec="raw", backend="tfrecord", size=SIZE)
+        with pytest.raises(ValueError, match="native TFRecord route reads stored clips.*route='source'") as exc:
+            DaliTFRecordLoader(tf, train=True, batch_size=2, preset=preset, spec=spec)
+        assert "\n" not in str(exc.value)

@@ -36,6 +36,7 @@ from convert.store.cache import CacheSettings
 
 from ..presets import ClipPreset
 from ..sampler import EpochPosition
+from ..sampling import SampleSpec, plan_reads
 
 # A graph is built from DataNodes with arithmetic, indexing and operators whose arguments take DataNodes or
 # numbers alike: wider than DALI's stubs describe, so the modules that build graphs are typed as Any.
@@ -156,7 +157,7 @@ class DaliLoaderBase(EpochPosition):
 
     def _setup(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None, rank: int,
                world_size: int, device_id: int | None, seed: int, prefetch: int, normalize: bool,
-               cache: CacheSettings | None = None) -> None:
+               cache: CacheSettings | None = None, spec: SampleSpec | None = None) -> None:
         if not isinstance(train, bool):
             raise ValueError(f"train must be True or False, got {train!r}")
         batch_size = check_int("batch_size", batch_size, 1)
@@ -181,7 +182,6 @@ class DaliLoaderBase(EpochPosition):
             raise ValueError(f"seed={seed} disagrees with the preset's seed {preset.seed}")
         self.root = root
         self.train = train
-        self.preset = preset
         self.seed = preset.seed
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
@@ -192,15 +192,12 @@ class DaliLoaderBase(EpochPosition):
         self.store: ClipStore = open_clips(root, cache=cache)  # a URL: through the shard cache
         self.classes: list[str] = list(self.store.classes)
         self.codec: str = self.store.manifest.data.codec  # the manifest's name; the codec object is store.codec
-        stored = self.store.manifest.data.clip.clip_len
-        if preset.clip_len is not None and preset.clip_len > stored:
-            raise ValueError(f"clip_len {preset.clip_len} is longer than the stored clips ({stored} frames)")
+        plan = plan_reads(self.store, preset, spec, train=train)  # a crop that cannot fit fails here, not in DALI
+        self.spec, self.preset, self.samples = plan.spec, plan.preset, plan.samples
         shape = self.store.manifest.data.clip_shape
-        if shape:
-            preset.params(0, 0, shape)  # a crop that cannot fit fails here, not inside DALI
-        self._stored_frames = stored
+        self._stored_frames = self.store.manifest.data.clip.clip_len
         self._stored_shape = tuple(shape) if shape else None
-        self.clip_shape: tuple[int, int, int, int] = preset.out_shape(stored)
+        self.clip_shape: tuple[int, int, int, int] = self.preset.out_shape(plan.frames)
         self.epoch = 0
         self.position = 0
         self._slot = PipeSlot(self)

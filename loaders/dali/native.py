@@ -91,6 +91,7 @@ from convert.store.cache import CacheSettings
 
 from ..presets import ClipPreset, _centre
 from ..sampler import DistributedClipSampler
+from ..sampling import SampleSpec
 from .base import (
     DaliLoaderBase,
     Pipeline,
@@ -363,13 +364,19 @@ class DaliTFRecordLoader(DaliLoaderBase):
     def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, threads: int = 2,
                  prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0,
-                 cache: CacheSettings | None = None) -> None:
+                 cache: CacheSettings | None = None, spec: SampleSpec | None = None) -> None:
         threads = check_int("threads", threads, 1)
+        if spec is not None and spec.rule != "clips":
+            # DALI's reader hands over one record at a time: a sample assembled from several of a video's clips
+            # (and drawn per video, not per record) is not one it can make.
+            raise ValueError(f"{root}: DALI's native TFRecord route reads stored clips, one record a sample; "
+                             f"samples of {spec} are assembled by the source route (route='source': "
+                             f"DaliClipLoader) or by ClipDataset's readers")
         if isinstance(shuffle_buffer_mb, bool) or not isinstance(shuffle_buffer_mb, (int, float)) \
                 or not shuffle_buffer_mb > 0:
             raise ValueError(f"shuffle_buffer_mb must be a number > 0, got {shuffle_buffer_mb!r}")
         self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
-                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache)
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache, spec=spec)
         self.threads = threads
         manifest = self.store.manifest
         if manifest.data.backend != "tfrecord":

@@ -53,9 +53,10 @@ from convert.store.cache import CacheSettings
 
 from ..prefetch import PrefetchPlan
 from ..presets import ClipPreset
+from ..sampling import SampleSpec
 from .base import DaliLoaderBase, Pipeline, check_gpu, check_int, fn, pipeline_options, run_pipeline, to_torch, types
 from .graphs import Graph, graph_for, refuse_without_gpu
-from .stream import _ClipSource, _Order, _Stream
+from .stream import _ClipSource, _FrameSource, _Order, _Stream
 
 START_METHODS = ("fork", "spawn")
 
@@ -150,13 +151,20 @@ class DaliClipLoader(DaliLoaderBase):
     the reader); the crops still follow (seed, epoch, index). The native
     route reads the rest of an epoch interrupted on another number of ranks
     so (``DaliTFRecordLoader``).
+
+    ``spec`` (``loaders.sampling.SampleSpec``): which frames a sample is, as
+    for ``ClipDataset``; with rule ``"window"`` or ``"segments"`` the source
+    assembles each sample from its video's timeline on the CPU
+    (``ClipStore.frames``, any codec) and DALI crops, flips and normalises
+    it: the samples are ``ClipDataset``'s, in the sampler's order.
     """
 
     def __init__(self, root: str, *, train: bool, batch_size: int, preset: ClipPreset | None = None, rank: int = 0,
                  world_size: int = 1, device_id: int | None = None, seed: int = 0, workers: int = 2,
                  prefetch: int = 2, normalize: bool = False, drop_last: bool | None = None,
                  start_method: str | None = None, verify: bool = False,
-                 share: Sequence[int] | np.ndarray | None = None, cache: CacheSettings | None = None) -> None:
+                 share: Sequence[int] | np.ndarray | None = None, cache: CacheSettings | None = None,
+                 spec: SampleSpec | None = None) -> None:
         workers = check_int("workers", workers, 0)
         if not isinstance(verify, bool):
             raise ValueError(f"verify must be True or False, got {verify!r}")
@@ -167,20 +175,22 @@ class DaliClipLoader(DaliLoaderBase):
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be None or one of {', '.join(START_METHODS)}, got {start_method!r}")
         self._setup(root, train=train, batch_size=batch_size, preset=preset, rank=rank, world_size=world_size,
-                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache)
-        refuse_without_gpu(root, self.store.codec, device_id)
+                    device_id=device_id, seed=seed, prefetch=prefetch, normalize=normalize, cache=cache, spec=spec)
+        if self.samples is None:  # samples of videos are decoded by the source, on the CPU: any codec
+            refuse_without_gpu(root, self.store.codec, device_id)
         self.workers, self.start_method = workers, start_method
         self.verify = verify
         self.drop_last = train if drop_last is None else drop_last
         fixed = None
+        n = len(self.store) if self.samples is None else len(self.samples)
         if share is not None:
             fixed = np.asarray(share, dtype=np.int64).reshape(-1)
-            if fixed.size and (fixed.min() < 0 or fixed.max() >= len(self.store)):
-                raise ValueError(f"share must be clip indices 0..{len(self.store) - 1} of {root}")
-        self._order = _Order(len(self.store), world=self.world_size, rank=self.rank, seed=self.seed, train=train,
+            if fixed.size and (fixed.min() < 0 or fixed.max() >= n):
+                raise ValueError(f"share must be sample indices 0..{n - 1} of {root}")
+        self._order = _Order(n, world=self.world_size, rank=self.rank, seed=self.seed, train=train,
                              batch_size=self.batch_size, drop_last=self.drop_last, fixed=fixed)
         if train and self._order.batches(0) < 1:
-            raise ValueError(f"{root}: {len(self.store)} clips give rank {self.rank} of {self.world_size} "
+            raise ValueError(f"{root}: {n} samples give rank {self.rank} of {self.world_size} "
                              f"{self._order.share_size}, fewer than one batch of {self.batch_size}")
         self._stream: _Stream | None = None
         self._next_batch = 0  # batches of the pipeline's stream handed out so far
@@ -266,9 +276,14 @@ class DaliClipLoader(DaliLoaderBase):
         self._stream = _Stream(self._order, epoch, position)
         graph = graph_for(self.store.codec)
         in_dali = graph.in_dali and (self.device_id is not None or graph.cpu)
-        source = _ClipSource(self.store, self.preset, self._stream, in_dali=in_dali, verify=self.verify,
-                             needs_shape=graph.needs_shape, needs_parts=graph.needs_parts)
-        hint = int(np.prod(self._stored_shape)) + 4096 if self._stored_shape else 0
+        source: SampleSource
+        if self.samples is not None:
+            source = _FrameSource(self.store, self.preset, self._stream, self.samples, verify=self.verify)
+        else:
+            source = _ClipSource(self.store, self.preset, self._stream, in_dali=in_dali, verify=self.verify,
+                                 needs_shape=graph.needs_shape, needs_parts=graph.needs_parts)
+        hint = int(np.prod(self._stored_shape)) // self._stored_frames * self.clip_shape[0] + 4096 \
+            if self._stored_shape else 0
         self._slot.pipe = _build_pipeline(
             source, graph=graph, frames=self.clip_shape[0], batch_size=self.batch_size, device_id=self.device_id,
             workers=self.workers, prefetch=self.prefetch, start_method=self.start_method, preset=self.preset,
@@ -293,7 +308,9 @@ class DaliClipLoader(DaliLoaderBase):
             raise RuntimeError(f"DALI pipeline out of step: got clips {index.tolist()}, expected {expected.tolist()}")
         clips = to_torch(clips_tl, self.device, stream)[:n]
         labels = to_torch(labels_tl, self.device, stream).reshape(-1)[:n]
-        where = [self.store.locate(int(i)) for i in expected]
+        samples = self.samples
+        where = [self.store.locate(int(i)) for i in expected] if samples is None else \
+            [(samples.video(int(i)), int(i) % samples.per_video) for i in expected]
         return {"clip": clips, "label": labels, "video_id": [self.store.video_ids[v] for v, _ in where],
                 "clip_index": torch.tensor([c for _, c in where], dtype=torch.int64), "index": index}
 
