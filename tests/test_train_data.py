@@ -15,7 +15,7 @@ from train.data import dataset_info
 from train.main import main
 
 from .loaders_fixtures import copy_conversion, loader_base, rewrite_value, short_side_root  # noqa: F401
-from .train_fixtures import common, cpu_config, tiny_data, tiny_tfrecord  # noqa: F401
+from .train_fixtures import common, cpu_config, final_state, tiny_data, tiny_tfrecord  # noqa: F401
 
 
 def test_fixed_size_conversion(tiny_data):
@@ -113,3 +113,47 @@ def test_every_loader_gives_the_configs_steps_when_the_batch_does_not_divide_the
                 assert batches == [6] * expected, (world, rank)
             finally:
                 train_data.close()
+
+
+def test_the_trainer_reads_samples_of_videos_from_the_one_conversion(tiny_data, tmp_path):
+    """--sampling window: 16 frames at step 2 from anywhere in each video (32 frames stored each: a 31-frame
+    span), 2 samples of each of the 20 videos per epoch (40 at batch 8: 5 steps), evaluated on 2 views spread
+    evenly x 3 crops per video; the spec is held in the run's settings (the checkpoint's config) and nowhere
+    else."""
+    import glob
+    import json
+
+    from train.data import build_eval_data, build_train_data, make_sample_spec
+    from train.dist import DistInfo
+    from train.main import run_argv
+
+    argv = common(tiny_data, tmp_path / "w") + ["--sampling", "window", "--clip-len", "16", "--frame-step", "2",
+                                                "--clips-per-video", "2", "--batch-size", "8", "--epochs", "1",
+                                                "--val-data", tiny_data, "--eval-protocol", "10x3",
+                                                "--eval-clips", "2"]
+    s = run_argv(argv)
+    assert s["step"] == 5
+    cfg = cpu_config(argv)
+    assert (cfg.epoch_samples, cfg.steps_per_epoch) == (40, 5)
+    spec = make_sample_spec(cfg, train=True)
+    assert spec is not None and (spec.frames, spec.step, spec.rule, spec.clips_per_video) == (16, 2, "window", 2)
+    info = DistInfo(0, 1, 0, torch.device("cpu"), None)
+    data = build_train_data(cfg, info)
+    data.set_epoch(0)
+    batch = next(iter(data))
+    assert tuple(batch["clip"].shape) == (8, 16, 32, 32, 3)
+    evaluation = build_eval_data(tiny_data, cfg, info)
+    assert evaluation.protocol["name"] == "2x3" and evaluation.protocol["sampling"]["views"] == 2
+    written = [json.load(open(p)) for p in glob.glob(str(tmp_path / "w" / "eval" / "*.json"))]
+    assert written and all(w["protocol"]["name"] == "2x3" for w in written)
+    saved = final_state(tmp_path / "w")["config"]
+    assert (saved["sampling"], saved["frame_step"], saved["clip_len"]) == ("window", 2, 16)
+
+
+def test_sampling_settings_that_do_not_go_together_are_refused(tiny_data, tmp_path, capsys):
+    for extra, words in [(["--sampling", "window", "--order", "blocks"], "use --order random"),
+                         (["--sampling", "segments", "--epoch-mode", "videos"], "it takes --epoch-mode clips"),
+                         (["--frame-step", "2"], "--frame-step 2 is for --sampling window")]:
+        code = main(common(tiny_data, tmp_path / "run") + extra + ["--max-steps", "1"])
+        assert code == 2
+        assert words in capsys.readouterr().err

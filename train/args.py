@@ -83,20 +83,21 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
     crop = crop_size(args)
     cache = cache_settings(args)
     shape = shape or dataset_info(root, crop, cache=cache)
-    if args.clip_len is not None and args.clip_len > shape.clip_len:
+    if args.clip_len is not None and args.clip_len > shape.clip_len and args.sampling == "clips":
         raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
                          f"frames)")
     clip_len = args.clip_len or shape.clip_len
     if args.val_data:
         val_shape = dataset_info(args.val_data, crop, "--val-data", cache=cache)
-        if val_shape.clip_len < clip_len:
+        if val_shape.clip_len < clip_len and args.sampling == "clips":
             raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
                              f"{clip_len}")
     declared = settings(TrainConfig)
     for name in ("clips_per_video", "seed"):  # before the sampler below, which would say it less plainly
         declared[name].check(getattr(args, name), TrainError)
     pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
-                               clips_per_video=args.clips_per_video, seed=args.seed, info=info)
+                               clips_per_video=args.clips_per_video, seed=args.seed, info=info,
+                               sampling=args.sampling)
     auto = args.batch_size == "auto"
     given.update(
         clip_len=clip_len, crop_size=crop, device=str(device), dist_backend=info.backend,

@@ -55,6 +55,7 @@ from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 LOADERS = ("threads", "processes", "dali")
 AMP_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 EPOCH_MODES = ("clips", "videos")
+SAMPLINGS = ("clips", "window", "segments")  # loaders.sampling.RULES, as the trainer names them
 OPTIMIZERS = ("sgd", "adamw")
 DIST_BACKENDS = ("nccl", "gloo")
 
@@ -129,7 +130,18 @@ class TrainConfig:
               "once, with --clips-per-video of its stored clips chosen at random anew each epoch (the "
               "usual Kinetics regime; --loader threads or processes)", default="clips", choices=EPOCH_MODES,
         on_resume=ORDER)
-    clips_per_video: int = option(DATA, "with --epoch-mode videos", default=1, ge=1, on_resume=ORDER)
+    clips_per_video: int = option(DATA, "with --epoch-mode videos: stored clips of each video per epoch; with "
+                                        "--sampling window or segments: samples of each video per epoch",
+                                  default=1, ge=1, on_resume=ORDER)
+    sampling: str = option(
+        DATA, "which frames a sample is (loaders.sampling.SampleSpec). clips: each stored clip, as converted; "
+              "window: --clip-len frames at --frame-step from anywhere in each video (evaluation: --eval-clips "
+              "windows spread evenly with --eval-protocol 10x3, else the centre one); segments (TSN): each video "
+              "cut into --clip-len segments, one frame of each. window and segments read one conversion made "
+              "with the default clips at any length and step", default="clips", choices=SAMPLINGS,
+        on_resume=ORDER)
+    frame_step: int = option(DATA, "with --sampling window: frames between a sample's frames", default=1, ge=1,
+                             on_resume=ORDER)
     order: str = option(
         DATA, "random: each epoch a fresh random order; blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
@@ -319,6 +331,16 @@ class TrainConfig:
         if self.order != "random" and self.loader == "dali":
             raise TrainError(f"--order {self.order} needs --loader threads or processes (DALI's reader keeps its "
                              f"own order: files read in turn through a shuffle buffer)")
+        if self.sampling != "clips":
+            if self.epoch_mode != "clips":
+                raise TrainError(f"--sampling {self.sampling} draws --clips-per-video samples of each video per "
+                                 f"epoch itself: it takes --epoch-mode clips")
+            if self.order != "random":
+                raise TrainError(f"--order {self.order} reads stored clips in the order they lie; --sampling "
+                                 f"{self.sampling} reads samples of videos: use --order random")
+        if self.frame_step != 1 and self.sampling != "window":
+            raise TrainError(f"--frame-step {self.frame_step} is for --sampling window (the stored clips' frames, "
+                             f"or one a segment, are read at step 1)")
         if self.crop_size % self.downsample:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
         self._check_model()
@@ -385,7 +407,8 @@ class TrainConfig:
             raise TrainError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
         steps = self.epoch_steps(batch_size)
         if steps < 1:
-            unit = "clips" if self.epoch_mode == "clips" else f"clips ({self.clips_per_video} per video)"
+            unit = "clips" if self.epoch_mode == "clips" and self.sampling == "clips" else \
+                f"samples ({self.clips_per_video} per video)"
             raise TrainError(f"--data {self.data}: an epoch gives each of the {self.world_size} process(es) "
                              f"{self.epoch_samples} {unit}, fewer than one batch of {batch_size}")
         plan = plan_lr(base_lr=self.lr, global_batch=batch_size * self.world_size, ref_batch=self.lr_ref_batch,
@@ -446,4 +469,4 @@ class TrainConfig:
         return cls(**kw)
 
 
-__all__ = ["AMP_DTYPES", "DIST_BACKENDS", "EPOCH_MODES", "LOADERS", "OPTIMIZERS", "TrainConfig"]
+__all__ = ["AMP_DTYPES", "DIST_BACKENDS", "EPOCH_MODES", "LOADERS", "OPTIMIZERS", "SAMPLINGS", "TrainConfig"]

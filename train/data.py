@@ -34,6 +34,7 @@ from loaders import (
 from loaders.dali import route_for  # imports no DALI (loaders.dali.missing says whether it is usable)
 from loaders.dali.sharding import epoch_steps, shard_sizes
 from loaders.sampler import VideoEpochSampler, clip_shards
+from loaders.sampling import SampleSpec
 
 from .dist import DistInfo
 from .errors import TrainError
@@ -232,7 +233,7 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
 
 
 def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, clips_per_video: int, seed: int,
-                info: DistInfo) -> tuple[bool, int]:
+                info: DistInfo, sampling: str = "clips") -> tuple[bool, int]:
     """(whether the training loader pads an epoch's last batch, the samples of this rank's epoch it counts).
 
     What ``TrainConfig.epoch_steps`` counts the steps of, as the loader
@@ -240,8 +241,17 @@ def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, cl
     TFRecord reader (``loaders.dali.route_for``) pads every rank's shard to
     the largest, in whole batches (``loaders.dali.sharding``); the samplers'
     loaders (threads, processes, DALI's source route) drop the partial share
-    and the partial last batch (``train_sampler``).
+    and the partial last batch (``train_sampler``). With ``sampling`` other
+    than clips an epoch is ``clips_per_video`` samples of each video, read
+    by the sampler's loaders (DALI's source route included).
     """
+    if sampling != "clips":
+        try:
+            sampler = DistributedClipSampler(len(shape.video_clips) * clips_per_video, num_replicas=info.world_size,
+                                             rank=info.rank, shuffle=True, seed=seed, drop_last=True)
+        except ValueError as exc:
+            raise TrainError(f"--data {root}: {exc}") from exc
+        return False, len(sampler)
     if loader == "dali" and epoch_mode == "clips":
         if route_for(root) == "native":
             return True, max(shard_sizes(int(sum(shape.video_clips)), info.world_size))
@@ -342,6 +352,17 @@ class EvalData:
         close_loader(self.loader)
 
 
+def make_sample_spec(cfg: TrainConfig, train: bool) -> SampleSpec | None:
+    """Which frames a sample is, from ``--sampling``, ``--clip-len``, ``--frame-step``, ``--clips-per-video`` and
+    (evaluation) ``--eval-clips`` views with ``--eval-protocol 10x3``, else the one centre window; None for
+    ``--sampling clips`` (the stored clips). Held nowhere but in those settings, which the checkpoint keeps."""
+    if cfg.sampling == "clips":
+        return None
+    views = cfg.eval_clips if cfg.eval_protocol != "clips" else 1
+    return SampleSpec(frames=cfg.clip_len, step=cfg.frame_step, rule=cfg.sampling,
+                      clips_per_video=cfg.clips_per_video, views=1 if train else views)
+
+
 def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     """The crop of training (random, of --crop-scales when given, flipped unless --no-flip) or evaluation
     (centre, or 3 along the long side), normalised as the ``--model`` expects (``ModelSpec.mean``/``std``:
@@ -372,6 +393,15 @@ def _dali_device(info: DistInfo) -> int | None:
     return info.device.index if info.device.type == "cuda" else None
 
 
+def _dali_route(spec: SampleSpec | None) -> str:
+    # Samples of videos are assembled by the source route; DALI's native reader hands over single records.
+    return "auto" if spec is None else "source"
+
+
+def _spec_kw(spec: SampleSpec | None) -> dict[str, Any]:
+    return {} if spec is None else {"spec": spec}
+
+
 def _readers(cfg: TrainConfig) -> dict:
     """``--loader threads``: ``--workers`` reader threads; ``processes``: DataLoader worker processes."""
     if cfg.loader == "threads":
@@ -381,7 +411,7 @@ def _readers(cfg: TrainConfig) -> dict:
 
 def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> ClipDataset:
     ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed,
-                     cache=cache_settings(cfg))
+                     cache=cache_settings(cfg), spec=make_sample_spec(cfg, train))
     # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
     # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
     # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.
@@ -403,13 +433,22 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
                                  "clips)")
             # The DALI reader shards by rank itself (DistributedClipSampler's order)
             # and offers the sampler's set_epoch / set_position / state_dict.
+            spec = make_sample_spec(cfg, train=True)
+            route = _dali_route(spec)
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg))
+                                     cache=cache_settings(cfg), route=route, **_spec_kw(spec))
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
-                             int(loader.steps_per_epoch), rewinds=route_for(root) != "native")
+                             int(loader.steps_per_epoch), rewinds=route_for(root, route) != "native")
         ds = _dataset(root, True, preset, cfg)
+        if ds.samples is not None:
+            sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                             seed=cfg.seed, drop_last=True)
+            loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
+                                  pin_memory=info.device.type == "cuda", **_readers(cfg))
+            return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,
+                             epoch_steps(len(sampler), batch, pad_last_batch=False))
         sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
                                 world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
                                 storage_order=ds.store.storage_order() if cfg.order == "blocks" else None,
@@ -428,20 +467,28 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
     with reader_errors(flag, root):
         preset = make_preset(cfg, train=False)
         batch = cfg.eval_batch_size
-        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size)
+        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size, make_sample_spec(cfg, False))
         if cfg.loader == "dali" and cfg.eval_protocol != "clips":
             raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader threads or processes (the DALI "
                              f"reader cuts one crop per clip)")
         if cfg.loader == "dali":
+            spec = make_sample_spec(cfg, train=False)
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg))
-            return EvalData(loader, list(loader.classes), preset.mean, preset.std, int(loader.num_clips), protocol)
+                                     cache=cache_settings(cfg), route=_dali_route(spec), **_spec_kw(spec))
+            count = int(loader.num_clips) if spec is None else len(loader.samples)
+            return EvalData(loader, list(loader.classes), preset.mean, preset.std, count, protocol)
         ds = _dataset(root, False, preset, cfg)
-        # Items are clip indices, or (spatial crop, clip index) pairs: the Dataset's (epoch, index) items,
-        # whose first element the 3-crop preset reads as the crop.
-        items = len(ds) if cfg.eval_protocol == "clips" else multiview_items(ds.store.video_clips, cfg.eval_clips)
+        # Items are clip (or sample) indices, or (spatial crop, index) pairs: the Dataset's (epoch, index) items,
+        # whose first element the 3-crop preset reads as the crop. Samples of videos carry their temporal views
+        # already (the spec's): each is taken with the 3 crops.
+        if cfg.eval_protocol == "clips":
+            items: int | list[tuple[int, int]] = len(ds)
+        elif ds.samples is not None:
+            items = [(crop, i) for i in range(len(ds)) for crop in range(3)]
+        else:
+            items = multiview_items(ds.store.video_clips, cfg.eval_clips)
         sampler = RankSplit(items, info.rank, info.world_size)
         # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False,

@@ -14,8 +14,17 @@ from typing import Any
 PROTOCOLS = ("clips", "10x3")
 
 
-def describe_protocol(name: str, clips_per_video: int, crop_size: int) -> dict[str, Any]:
-    """The evaluation protocol as it goes into the console line and ``eval/*.json``."""
+def describe_protocol(name: str, clips_per_video: int, crop_size: int, spec: Any = None) -> dict[str, Any]:
+    """The evaluation protocol as it goes into the console line and ``eval/*.json``; ``spec`` the samples'
+    ``SampleSpec`` where they are samples of videos (``--sampling window`` or ``segments``)."""
+    if spec is not None:
+        crops = 1 if name == "clips" else 3
+        views = {"window": f"{spec.views} {spec.frames}x{spec.step} window(s) spread evenly",
+                 "segments": f"{spec.frames} segments, the centre frame of each"}[spec.rule]
+        return {"name": f"{spec.views}x{crops}", "clips_per_video": spec.views, "spatial_crops": crops,
+                "crop_size": crop_size, "sampling": spec.to_dict(),
+                "text": f"per video {views} x {crops} {crop_size}x{crop_size} crop(s)"
+                        f"{' along the long side' if crops == 3 else ', centred'}; video score = mean softmax"}
     if name == "clips":
         return {"name": "clips", "clips_per_video": "all", "spatial_crops": 1, "crop_size": crop_size,
                 "text": f"every stored clip, centre {crop_size}x{crop_size} crop; video score = mean softmax"}
