@@ -6,6 +6,8 @@ Run them from the repository root (the folder holding ``benchmarks/``,
   python -m benchmarks.loaders ...     clips/s of every reader (``benchmarks.loaders``)
   python -m benchmarks.conversion ...  conversion speed against decode-only (``benchmarks.conversion``)
   python -m benchmarks.codecs ...      every codec's bytes, PSNR and CPU decoding (``benchmarks.codecs``)
+  python -m benchmarks.sampling ...    samples of each model's geometry from one conversion, against decoding
+                                       the videos on the fly (``benchmarks.sampling``)
 
 ``benchmarks.onthefly`` holds ``OnTheFlyVideoDataset``, the decode-per-item
 baseline the readers are measured against. Nothing here asserts a figure:

@@ -212,15 +212,17 @@ def source_tree(args: argparse.Namespace, folder: str) -> tuple[str, str]:
     return tree, f"{len(paths)} synthetic videos of about {args.synth_seconds:g} s ({why})"
 
 
-def convert(tree: str, out: str, *, codec: str, short_side: int, settings: tuple[int, int], workers: int) -> int:
-    """Convert ``tree`` into ``out`` at ``short_side`` with clips of ``settings`` (length, stride); its bytes."""
+def convert(tree: str, out: str, *, codec: str, short_side: int, settings: tuple[int, int], workers: int,
+            tail: str = "drop") -> int:
+    """Convert ``tree`` into ``out`` at ``short_side`` with clips of ``settings`` (length, stride) and ``tail``
+    (``--tail``: the timeline keeps every frame); its bytes."""
     from convert.job.run import JobOptions, run_job
     from convert.worker.plan import ConvertConfig
 
     shutil.rmtree(out, ignore_errors=True)
     clip_len, stride = settings
-    run_job(tree, out, ConvertConfig(codec=codec, size=None, short_side=short_side, clip_len=clip_len, stride=stride),
-            JobOptions(workers=workers, progress=False))
+    run_job(tree, out, ConvertConfig(codec=codec, size=None, short_side=short_side, clip_len=clip_len, stride=stride,
+                                     tail=tail), JobOptions(workers=workers, progress=False))
     totals = read_manifest(out).totals
     if totals.videos == 0:
         raise SystemExit(f"{out}: the conversion stored no video")
@@ -376,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
             for st in settings:
                 out = os.path.join(folder, f"{codec}_{st[0]}x{st[1]}")
                 sizes[(codec, st)] = convert(tree, out, codec=codec, short_side=args.short_side, settings=st,
-                                             workers=args.workers)
+                                             workers=args.workers, tail="keep" if st == TIMELINE else "drop")
                 if st == TIMELINE:
                     roots[codec] = out
         forkserver.stop()  # no idle server beside the timed readers

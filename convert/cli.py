@@ -89,7 +89,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[ConvertConfig, JobOption
     size = None if args.short_side is not None else (args.size or ConvertConfig.size)
     config = ConvertConfig(backend=args.backend, codec=args.codec, size=size, short_side=args.short_side,
                            fps=args.fps, clip_len=args.clip_len, stride=args.stride, step=args.step,
-                           max_clips=args.max_clips, short=args.short, on_damage=args.on_damage,
+                           max_clips=args.max_clips, short=args.short, tail=args.tail, on_damage=args.on_damage,
                            quality=args.quality)
     shard = ShardOptions(video_timeout=args.video_timeout, retries=args.retries, threads=args.decode_threads,
                          store=store_options(args, config.backend), max_memory=args.max_memory)

@@ -21,7 +21,7 @@ from .format.layout import MAX_CLIP_INDEX
 from .format.options import option, option_from
 from .format.units import MAX_BYTES
 from .job.supervise import ShardOptions
-from .worker.clips import SHORT_POLICIES
+from .worker.clips import SHORT_POLICIES, TAIL_POLICIES
 from .worker.plan import DAMAGE_POLICIES, ConvertConfig
 
 # The ranges of the running options (checked as the command line is parsed): wide enough for any real
@@ -124,6 +124,10 @@ class ConvertOptions:
                                    le=MAX_FRAMES)
     short: str = option(OUTPUT, "a video shorter than one clip: skip it, loop it, or repeat its last frame",
                         default=ConvertConfig.short, choices=SHORT_POLICIES)
+    tail: str = option(OUTPUT, "the frames after a video's last whole clip: keep them in one more clip, the "
+                               "video's last --clip-len frames (where clips tile the video: --stride 1, --step "
+                               "--clip-len; so every frame is stored), or drop them",
+                       default=ConvertConfig.tail, choices=TAIL_POLICIES)
     on_damage: str = option(OUTPUT, "a video that breaks part-way: keep the clips before the damage, or skip it",
                             default=ConvertConfig.on_damage, choices=DAMAGE_POLICIES)
     workers: int = option(RUNNING, "parallel shard processes (0: every core)", default=JobOptions.workers, ge=0,

@@ -46,9 +46,14 @@ def convs(tmp_path_factory):
 
 
 def _timeline(store, v: int) -> np.ndarray:
-    """Video ``v``'s whole timeline from its decoded clips, the slow way."""
-    first = int(store._video_clip(v, 0))
-    return np.concatenate([store[first + c].clip for c in range(int(store.video_clips[v]))])[:store.video_frames[v]]
+    """Video ``v``'s whole timeline from its decoded clips, the slow way, by FORMAT.md's rule: whole clips, then a
+    tail clip (the video's last T frames) whose frames past the whole clips end the timeline."""
+    first, n, length = int(store._video_clip(v, 0)), int(store.video_clips[v]), int(store.video_frames[v])
+    clips = [store[first + c].clip for c in range(n)]
+    t = clips[0].shape[0]
+    if t <= length < n * t:  # a tail clip: its last length - (n - 1) * t frames are the timeline's last
+        clips[-1] = clips[-1][t - (length - (n - 1) * t):]
+    return np.concatenate(clips)[:length]
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -169,3 +174,53 @@ def test_a_video_shorter_than_a_clip_has_its_own_frames_only(tmp_path, touch_vid
     assert np.array_equal(store.frames(0, range(10)), store[0].clip[:10])
     with pytest.raises(IndexError, match="of 10 frames"):
         store.frames(0, [10])
+
+
+def test_the_tail_clip_holds_the_frames_after_the_last_whole_clip():
+    """--tail keep: a video of 50 frames in 16-frame clips gives 3 whole clips and a fourth of its
+    last 16 frames (34..49); nothing when the clips end with the video, when max_clips stops before, or when the
+    clips do not tile the video."""
+    from convert.worker.clips import ClipSpec, cut_clips
+
+    frames = [np.full((2, 2, 3), i, np.uint8) for i in range(50)]
+    clips = list(cut_clips(frames, ClipSpec(tail="keep")))
+    assert [(c.index, c.start_frame) for c in clips] == [(0, 0), (1, 16), (2, 32), (3, 34)]
+    assert clips[3].frames[:, 0, 0, 0].tolist() == list(range(34, 50))
+    assert ClipSpec(tail="keep").count(50) == 4 and ClipSpec(tail="drop").count(50) == 3
+    for spec, n in [(ClipSpec(tail="drop"), 50), (ClipSpec(tail="keep"), 48), (ClipSpec(tail="keep", max_clips=3), 50),
+                    (ClipSpec(tail="keep", stride=2), 50), (ClipSpec(tail="keep", step=8), 50)]:
+        got = list(cut_clips(frames[:n], spec))
+        assert len(got) == spec.count(n) and all(c.start_frame % spec.start_step == 0 for c in got), spec
+    assert len(list(cut_clips(frames, ClipSpec(tail="keep", max_clips=4)))) == 4
+    assert not ClipSpec(tail="keep", stride=2).keeps_tail
+
+
+def test_a_default_conversion_holds_every_frame_of_each_video(tmp_path):
+    """With --tail keep each video's timeline is the whole decoded video, frame for frame (raw: bit for bit with
+    the converter's own decoder), the tail clip included; a --tail drop conversion (the default) stops at the
+    last whole clip."""
+    from convert.job.run import JobOptions, run_job
+    from convert.synth import make_dataset
+    from convert.worker.decode import FrameSpec, VideoDecoder
+    from convert.worker.plan import ConvertConfig
+
+    src = str(tmp_path / "src")
+    paths = make_dataset(src, per_class=1, seconds=1.3, seed=2)
+    keep, drop = str(tmp_path / "keep"), str(tmp_path / "drop")
+    for out, tail in ((keep, "keep"), (drop, "drop")):
+        run_job(src, out, ConvertConfig(size=SIZE, tail=tail), JobOptions(workers=1, shards=1, progress=False))
+    kept, dropped = open_clips(keep), open_clips(drop)
+    assert kept.manifest.data.clip.tail and not dropped.manifest.data.clip.tail
+    tails = 0
+    for path in paths:
+        vid = os.path.relpath(os.path.splitext(path)[0], src)
+        with VideoDecoder(path, FrameSpec(size=SIZE)) as dec:
+            source = np.stack(list(dec))
+        v = kept.video_ids.index(vid)
+        assert int(kept.video_frames[v]) == len(source)
+        assert np.array_equal(kept.frames(v, range(len(source))), source)
+        d = dropped.video_ids.index(vid)
+        assert int(dropped.video_frames[d]) == len(source) // 16 * 16
+        tails += int(kept.video_clips[v]) - int(dropped.video_clips[d])
+    assert tails == sum(1 for p in paths if int(kept.video_frames[kept.video_ids.index(
+        os.path.relpath(os.path.splitext(p)[0], src))]) % 16)

@@ -137,9 +137,9 @@ class TrainConfig:
         DATA, "which frames a sample is (loaders.sampling.SampleSpec). clips: each stored clip, as converted; "
               "window: --clip-len frames at --frame-step from anywhere in each video (evaluation: --eval-clips "
               "windows spread evenly with --eval-protocol 10x3, else the centre one); segments (TSN): each video "
-              "cut into --clip-len segments, one frame of each. window and segments read one conversion made "
-              "with the default clips at any length and step", default="clips", choices=SAMPLINGS,
-        on_resume=ORDER)
+              "cut into --clip-len segments, one frame of each. window and segments read a conversion whose "
+              "clips tile its videos (--stride 1, no --step) at any length and step", default="clips",
+        choices=SAMPLINGS, on_resume=ORDER)
     frame_step: int = option(DATA, "with --sampling window: frames between a sample's frames", default=1, ge=1,
                              on_resume=ORDER)
     order: str = option(

@@ -92,19 +92,30 @@ class ClipSettings:
     step: int
     max_clips: int | None
     short: str
+    # The frames after a video's last whole clip are stored in one more clip, its last clip_len frames
+    # (FORMAT.md, *Clips of a video*); False in conversions written before it was kept, and then left out.
+    tail: bool = False
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> ClipSettings:
         if not isinstance(d, dict):
             raise FormatError(f"{where}: clip is {_short(d)}, expected an object")
         w = f"{where}: clip"
-        return cls(clip_len=_count(d, "clip_len", w, low=1), stride=_count(d, "stride", w, low=1),
-                   step=_count(d, "step", w, low=1), max_clips=_count(d, "max_clips", w, low=1, optional=True),
-                   short=_get(d, "short", str, w))
+        tail = _get(d, "tail", bool, w) if "tail" in d else False
+        settings = cls(clip_len=_count(d, "clip_len", w, low=1), stride=_count(d, "stride", w, low=1),
+                       step=_count(d, "step", w, low=1), max_clips=_count(d, "max_clips", w, low=1, optional=True),
+                       short=_get(d, "short", str, w), tail=tail)
+        if tail and (settings.stride, settings.step) != (1, settings.clip_len):
+            raise FormatError(f"{w}: tail is true, but its clips (stride {settings.stride}, step {settings.step}) "
+                              f"do not tile a video")
+        return settings
 
     def to_dict(self) -> dict[str, Any]:
-        return {"clip_len": self.clip_len, "stride": self.stride, "step": self.step, "max_clips": self.max_clips,
-                "short": self.short}
+        d: dict[str, Any] = {"clip_len": self.clip_len, "stride": self.stride, "step": self.step,
+                             "max_clips": self.max_clips, "short": self.short}
+        if self.tail:  # a conversion without tail clips is stored as before, byte for byte
+            d["tail"] = True
+        return d
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,14 @@ class ClipStore(Sequence):
         self.video_clips = np.asarray(counts, dtype=np.int64)
         self._ends = np.cumsum(self.video_clips)
         # Each video's frame timeline (FORMAT.md, *Frame timeline*): the frames its clips hold, in order, no more
-        # than its record's frame count (a video shorter than a clip was stored padded: its own frames only).
-        self.video_frames = np.minimum(self.video_clips * self.manifest.data.clip.clip_len,
-                                       np.asarray(frames, dtype=np.int64))
+        # than its record's frame count (a video shorter than a clip was stored padded: its own frames only). A
+        # tail clip (the video's last T frames, after its last whole clip) makes it the whole video; where one is,
+        # _tail_start is the frame it starts at (-1: none).
+        settings, counts_of = self.manifest.data.clip, np.asarray(frames, dtype=np.int64)
+        t = settings.clip_len
+        tail = settings.tail & (counts_of % t != 0) & (counts_of >= t) & (self.video_clips == counts_of // t + 1)
+        self.video_frames = np.where(tail, counts_of, np.minimum(self.video_clips * t, counts_of))
+        self._tail_start = np.where(tail, counts_of - t, -1)
         self._storage: np.ndarray | None = None
         bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
         if bad.size:
@@ -274,7 +279,8 @@ class ClipStore(Sequence):
     def frames(self, video: int, indices: Sequence[int] | np.ndarray, *, out: np.ndarray | None = None,
                at: tuple[int, int] = (0, 0), verify: bool = False) -> np.ndarray:
         """Frames ``indices`` of video number ``video``'s timeline (FORMAT.md, *Frame timeline*: frame i is
-        frame i % T of its clip i // T) as uint8 (len(indices), h, w, 3), in the order asked (repeats allowed).
+        frame i % T of its clip i // T, or of its tail clip) as uint8 (len(indices), h, w, 3), in the order
+        asked (repeats allowed).
 
         ``out``: written into it, and returned; its (h, w) is the region of
         each frame whose top-left corner is ``at`` (a crop; without ``out``,
@@ -301,6 +307,11 @@ class ClipStore(Sequence):
             out = np.empty((idx.size, *self.frame_shape(video), 3), dtype=np.uint8)
         t = self.manifest.data.clip.clip_len
         chunk, within = np.divmod(idx, t)
+        tail_start = int(self._tail_start[video])
+        if tail_start >= 0:  # frames past the last whole clip are in the tail clip, which starts at tail_start
+            last = int(self.video_clips[video]) - 1
+            past = chunk >= last
+            chunk[past], within[past] = last, idx[past] - tail_start
         touched = np.unique(chunk)
         rows = {int(c): np.flatnonzero(chunk == c) for c in touched.tolist()}
 

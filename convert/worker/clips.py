@@ -12,17 +12,26 @@ from dataclasses import dataclass
 import numpy as np
 
 SHORT_POLICIES = ("skip", "loop", "repeat_last")
+TAIL_POLICIES = ("keep", "drop")
 
 
 @dataclass(frozen=True)
 class ClipSpec:
-    """``clip_len`` frames ``stride`` apart; clip starts ``step`` apart (default: no overlap)."""
+    """``clip_len`` frames ``stride`` apart; clip starts ``step`` apart (default: no overlap).
+
+    ``tail``: where the clips tile the video (stride 1, step = clip_len),
+    ``"keep"`` stores the frames after the last whole clip in one more clip,
+    the video's last ``clip_len`` frames (FORMAT.md, *Clips of a video*), so
+    the clips hold every frame of the video; ``"drop"`` leaves them out.
+    Clips that do not tile the video drop them either way (``keeps_tail``).
+    """
 
     clip_len: int = 16
     stride: int = 1
     step: int | None = None
     max_clips: int | None = None
     short: str = "skip"
+    tail: str = "drop"
 
     def __post_init__(self) -> None:
         if not 1 <= self.clip_len <= 65535:
@@ -35,6 +44,14 @@ class ClipSpec:
             raise ValueError(f"max_clips must be >= 1, got {self.max_clips}")
         if self.short not in SHORT_POLICIES:
             raise ValueError(f"short policy must be one of {', '.join(SHORT_POLICIES)}, got {self.short!r}")
+        if self.tail not in TAIL_POLICIES:
+            raise ValueError(f"tail policy must be one of {', '.join(TAIL_POLICIES)}, got {self.tail!r}")
+
+    @property
+    def keeps_tail(self) -> bool:
+        """Whether the frames after the last whole clip go into one more clip (``tail`` keep, on clips that tile
+        the video)."""
+        return self.tail == "keep" and self.stride == 1 and self.start_step == self.clip_len
 
     @property
     def span(self) -> int:
@@ -50,6 +67,8 @@ class ClipSpec:
         if n_frames < self.span:
             return 0 if self.short == "skip" or n_frames == 0 else 1
         n = (n_frames - self.span) // self.start_step + 1
+        if self.keeps_tail and n_frames % self.clip_len:
+            n += 1  # the tail clip
         return min(n, self.max_clips) if self.max_clips else n
 
 
@@ -82,6 +101,7 @@ class ClipCutter:
         # Until the first clip is out, the frames themselves are kept (at most
         # span - 1 of them): a video that ends before then is padded from them.
         self._early: list[np.ndarray] | None = [] if spec.short != "skip" else None
+        self._last: np.ndarray | None = None  # the last clip out, of which a tail clip takes the end
 
     @property
     def done(self) -> bool:
@@ -118,6 +138,23 @@ class ClipCutter:
         out = Clip(self.emitted, start, self._open.pop(self.emitted))
         self.emitted += 1
         self._early = None
+        if s.keeps_tail:
+            self._last = out.frames  # a new array per clip, never written again: kept by reference
+        return out
+
+    def tail(self) -> Clip | None:
+        """After the frames run out: the clip of the video's last ``clip_len`` frames, where frames came after the
+        last whole clip and the spec keeps them (``keeps_tail``), else None. It starts at frame
+        ``frames_seen - clip_len``: the end of the last whole clip, then the frames after it."""
+        s = self.spec
+        rest = self.frames_seen - self.emitted * s.clip_len
+        if not s.keeps_tail or self._last is None or self.done or not 0 < rest < s.clip_len:
+            return None
+        after = self._open.pop(self.emitted)[:rest]
+        frames = np.concatenate([self._last[rest:], after])
+        out = Clip(self.emitted, self.frames_seen - s.clip_len, frames)
+        self.emitted += 1
+        self._last = None
         return out
 
     def padded(self) -> Clip | None:
@@ -148,6 +185,6 @@ def cut_clips(frames: Iterable[np.ndarray], spec: ClipSpec) -> Iterator[Clip]:
             yield clip
         if cutter.done:
             return
-    last = cutter.padded()
+    last = cutter.padded() or cutter.tail()
     if last is not None:
         yield last

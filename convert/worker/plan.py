@@ -65,6 +65,9 @@ class ConvertConfig:
     step: int | None = None
     max_clips: int | None = None
     short: str = "skip"
+    # ClipSpec.tail: "keep" stores the frames after the last whole clip in one more clip. Opt-in: "drop" gives the
+    # clips conversions gave before the option, clip for clip.
+    tail: str = "drop"
     on_damage: str = "keep"
     quality: int | None = None  # the codec's own scale (jpeg 1-100, h264/vp9 CRF); None: the codec's default
 
@@ -83,7 +86,7 @@ class ConvertConfig:
 
     def clip_spec(self) -> ClipSpec:
         return ClipSpec(clip_len=self.clip_len, stride=self.stride, step=self.step,
-                        max_clips=self.max_clips, short=self.short)
+                        max_clips=self.max_clips, short=self.short, tail=self.tail)
 
     def data_spec(self, classes: list[str]) -> DataSpec:
         """What defines the stored data: the manifest's fields that every shard stores too (FORMAT.md)."""
@@ -93,7 +96,7 @@ class ConvertConfig:
             frame_size=FrameSize(size=tuple(self.size) if self.size else None, short_side=self.short_side),  # type: ignore[arg-type]
             fps=self.fps,
             clip=ClipSettings(clip_len=self.clip_len, stride=self.stride, step=self.clip_spec().start_step,
-                              max_clips=self.max_clips, short=self.short),
+                              max_clips=self.max_clips, short=self.short, tail=self.clip_spec().keeps_tail),
             on_damage=self.on_damage, quality=WRITE_CODECS[self.codec].recorded_quality(self.quality))
 
     def to_dict(self) -> dict:

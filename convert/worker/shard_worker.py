@@ -104,6 +104,9 @@ def clip_producer(item: VideoItem, config: ConvertConfig, threads: int,
         except MemoryError:
             return (yield from failed_producer(item, "out of memory while decoding (see --max-memory)")())
         set_phase(STORING)
+        tail = None if dec.damage else cutter.tail()
+        if tail is not None:  # the frames after the last whole clip, in one more clip (ClipSpec.keeps_tail)
+            yield tail.index, tail.start_frame, tail.frames
         n, frames = cutter.emitted, cutter.frames_seen
         record = lambda status, clips, reason="": VideoRecord(  # noqa: E731
             item.id, item.path, item.label, status, clips, frames, reason, stream=dec.stream_index)
