@@ -49,7 +49,7 @@ from loaders.sampler import ORDERS
 
 from .errors import TrainError
 from .models import MODELS, model_spec
-from .protocols import PROTOCOLS
+from .protocols import parse_protocol
 from .schedule import SCALINGS, SCHEDULES, LrPlan, plan_lr
 
 LOADERS = ("threads", "processes", "dali")
@@ -203,9 +203,10 @@ class TrainConfig:
         OPTIM, "with --batch-size auto: fraction of GPU memory a step may peak at",
         default=0.85, gt=0.0, le=1.0, on_resume=FREE)
     eval_protocol: str = option(
-        OPTIM, "clips: every stored clip, centre crop; 10x3: per video --eval-clips uniformly "
-               "spaced stored clips x 3 crops along the long side, softmax averaged (as papers report)",
-        default="clips", choices=PROTOCOLS)
+        OPTIM, "clips: every stored clip, centre crop; NxM (10x3, 4x3, 5x3, 2x3, 8x1...): per video N "
+               "uniformly spaced stored clips (with --sampling window or segments: N samples spread evenly) x M "
+               "crops, 1 centred or 3 along the long side, softmax averaged (as papers report); 10x3 takes N "
+               "from --eval-clips", default="clips", parse=parse_protocol, metavar="clips|NxM")
     eval_clips: int = option(OPTIM, "clips per video with --eval-protocol 10x3 (all when a video has "
                                     "fewer)", default=10, ge=1)
     eval_batch_size: int | None = option(OPTIM, "clips per evaluation batch (default: --batch-size)", ge=1,

@@ -39,7 +39,7 @@ from loaders.sampling import SampleSpec
 from .dist import DistInfo
 from .errors import TrainError
 from .models import model_spec
-from .protocols import describe_protocol, multiview_items
+from .protocols import describe_protocol, multiview_items, protocol_views
 from .readerrors import reader_errors
 from .workers import ignore_stop_signals
 
@@ -358,7 +358,7 @@ def make_sample_spec(cfg: TrainConfig, train: bool) -> SampleSpec | None:
     ``--sampling clips`` (the stored clips). Held nowhere but in those settings, which the checkpoint keeps."""
     if cfg.sampling == "clips":
         return None
-    views = cfg.eval_clips if cfg.eval_protocol != "clips" else 1
+    views = protocol_views(cfg.eval_protocol, cfg.eval_clips)[0]
     return SampleSpec(frames=cfg.clip_len, step=cfg.frame_step, rule=cfg.sampling,
                       clips_per_video=cfg.clips_per_video, views=1 if train else views)
 
@@ -373,8 +373,8 @@ def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     if train:
         kwargs["flip"] = not cfg.no_flip
         kwargs["multiscale"] = cfg.scales()
-    elif cfg.eval_protocol != "clips":
-        kwargs["spatial_crops"] = 3
+    else:
+        kwargs["spatial_crops"] = protocol_views(cfg.eval_protocol, cfg.eval_clips)[1]
     return ClipPreset(**kwargs)
 
 
@@ -483,12 +483,13 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
         # Items are clip (or sample) indices, or (spatial crop, index) pairs: the Dataset's (epoch, index) items,
         # whose first element the 3-crop preset reads as the crop. Samples of videos carry their temporal views
         # already (the spec's): each is taken with the 3 crops.
+        views, crops = protocol_views(cfg.eval_protocol, cfg.eval_clips)
         if cfg.eval_protocol == "clips":
             items: int | list[tuple[int, int]] = len(ds)
         elif ds.samples is not None:
-            items = [(crop, i) for i in range(len(ds)) for crop in range(3)]
+            items = [(crop, i) for i in range(len(ds)) for crop in range(crops)]
         else:
-            items = multiview_items(ds.store.video_clips, cfg.eval_clips)
+            items = multiview_items(ds.store.video_clips, views, crops)
         sampler = RankSplit(items, info.rank, info.world_size)
         # Not persistent: evaluation runs now and then; idle workers would hold memory between runs.
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=False,

@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(p, EvalOptions)
     declared = settings(TrainConfig)
-    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop; 10x3: --eval-clips "
-                                             "uniformly spaced clips x 3 crops per video")
+    declared["eval_protocol"].add_to(p, help="clips: every stored clip, centre crop; NxM (10x3, 4x3, 2x3, 8x1...): "
+                                             "N views x M crops (1 or 3) per video; 10x3 takes N from --eval-clips")
     declared["eval_clips"].add_to(p, help="clips per video with 10x3")
     declared["eval_batch_size"].add_to(p, flags=["--batch-size"], default=16, help="views per batch")
     declared["loader"].add_to(p, choices=("threads", "processes"),
