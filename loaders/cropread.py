@@ -8,11 +8,19 @@ batch.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from convert.format import ClipHeader, FormatError, check_crc, codec_for_id
 
 from .presets import ClipPreset, CropParams, apply
+
+if TYPE_CHECKING:
+    from convert.store import ClipStore
+
+    from .sampling import VideoSamples
 
 
 def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, epoch: int, index: int, *,
@@ -60,4 +68,43 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
         raise FormatError(str(exc)) from exc
 
 
-__all__ = ["checked_params", "crop_into"]
+def _sample_params(store: ClipStore, samples: VideoSamples, preset: ClipPreset, epoch: int,
+                   index: int) -> tuple[int, CropParams]:
+    """(video, the preset's crop params) of sample ``index``: the frame size from the manifest, or from the
+    video's first clip header (short-side conversions); a crop that does not fit is a FormatError naming the
+    conversion and the video."""
+    v = samples.video(index)
+    shape = store.manifest.data.clip_shape
+    h, w = shape[1:3] if shape else store.frame_shape(v)
+    try:
+        return v, preset.params(epoch, index, (samples.spec.length, h, w))
+    except ValueError as exc:
+        raise FormatError(f"{store.name}: video {store.video_ids[v]!r}: frames of {h}x{w} do not suit the "
+                          f"preset: {exc}") from exc
+
+
+def sample_region(store: ClipStore, samples: VideoSamples, preset: ClipPreset, epoch: int, index: int, *,
+                  verify: bool = False) -> tuple[int, np.ndarray, CropParams]:
+    """Sample ``index`` of ``samples`` (a ``SampleSpec``'s samples of videos) for ``epoch``: (its video, its
+    frames' crop region, the preset's params). The region is the cut the params say (rows ``y0:y0+h``, columns
+    ``x0:x0+w`` of every frame), not yet flipped or resized: only it is ever copied out of a decoded frame."""
+    v, p = _sample_params(store, samples, preset, epoch, index)
+    region = np.empty((samples.spec.length, p.h, p.w, 3), dtype=np.uint8)
+    store.frames(v, samples.indices(epoch, index), out=region, at=(p.y0, p.x0), verify=verify)
+    return v, region, p
+
+
+def sample_into(store: ClipStore, samples: VideoSamples, preset: ClipPreset, epoch: int, index: int,
+                out: np.ndarray, *, verify: bool = False) -> int:
+    """Sample ``index`` for ``epoch`` cut, flipped and resized by the preset into ``out`` (uint8 (T, S, S, C));
+    its video number. A crop neither flipped nor resized is read into ``out`` directly."""
+    v, p = _sample_params(store, samples, preset, epoch, index)
+    if not p.flip and (p.out_size is None or tuple(p.out_size) == (p.h, p.w)):
+        store.frames(v, samples.indices(epoch, index), out=out, at=(p.y0, p.x0), verify=verify)
+    else:
+        _, region, _ = sample_region(store, samples, preset, epoch, index, verify=verify)
+        apply(region, dataclasses.replace(p, y0=0, x0=0), out=out)
+    return v
+
+
+__all__ = ["checked_params", "crop_into", "sample_into", "sample_region"]

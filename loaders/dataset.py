@@ -28,12 +28,12 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from convert.format import ClipHeader, FormatError
+from convert.format import ClipHeader
 from convert.store import ClipStore, open_clips
 from convert.store.cache import CacheSettings
 
-from .cropread import crop_into
-from .presets import ClipPreset, apply
+from .cropread import crop_into, sample_into
+from .presets import ClipPreset
 from .sampling import SampleSpec, VideoSamples, plan_reads
 
 
@@ -211,13 +211,7 @@ class ClipDataset(Dataset):
         by the preset as a clip of those frames."""
         samples, store = cast(VideoSamples, self.samples), self.store
         for pos, (epoch, i) in enumerate(pairs):
-            v = samples.video(i)
-            frames = store.frames(v, samples.indices(epoch, i), verify=self.verify_checksums)
-            try:
-                apply(frames, self.preset.params(epoch, i, frames.shape), out=out["clip"][pos])
-            except ValueError as exc:
-                raise FormatError(f"{store.name}: video {store.video_ids[v]!r}: frames of {frames.shape[1]}x"
-                                  f"{frames.shape[2]} do not suit the preset: {exc}") from exc
+            v = sample_into(store, samples, self.preset, epoch, i, out["clip"][pos], verify=self.verify_checksums)
             out["label"][pos], out["clip_index"][pos], out["index"][pos] = store.video_labels[v], \
                 i % samples.per_video, i
             vids[pos] = store.video_ids[v]

@@ -20,7 +20,7 @@ from loaders.presets import ClipPreset
 from loaders.sampler import DistributedClipSampler
 from loaders.sampling import SampleSpec, VideoSamples
 
-from .loaders_fixtures import converted
+from .loaders_fixtures import converted, loader_base, short_side_root  # noqa: F401 (fixtures)
 
 SIZE = (32, 40)
 
@@ -175,3 +175,23 @@ def test_dali_source_route_assembles_the_same_samples_and_the_native_route_names
         with pytest.raises(ValueError, match="native TFRecord route reads stored clips.*route='source'") as exc:
             DaliTFRecordLoader(tf, train=True, batch_size=2, preset=preset, spec=spec)
         assert "\n" not in str(exc.value)
+
+
+def test_samples_of_a_short_side_conversion_are_cut_from_each_videos_own_frame_size(short_side_root):
+    """Frames keep their aspect (short side 120): each video's size comes from its clip header, the crop is cut
+    from it as from the whole frames (flipped or not), one copy of the region only."""
+    root = short_side_root
+    store = open_clips(root)
+    spec = SampleSpec(frames=16, step=2, rule="window")
+    preset = ClipPreset(train=True, crop_size=96, seed=1, clip_len=16)
+    ds = ClipDataset(root, train=True, preset=preset, spec=spec)
+    got = ds.__getitems__([(3, i) for i in range(len(ds))]).collated["clip"]
+    flips = 0
+    for i in range(len(ds)):
+        v = ds.samples.video(i)
+        frames = store.frames(v, ds.samples.indices(3, i))
+        p = preset.params(3, i, frames.shape)
+        want = frames[:, p.y0:p.y0 + p.h, p.x0:p.x0 + p.w]
+        flips += p.flip
+        assert np.array_equal(got[i].numpy(), want[:, :, ::-1] if p.flip else want)
+    assert 0 < flips < len(ds)

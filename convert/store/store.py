@@ -94,6 +94,7 @@ class ClipStore(Sequence):
         tail = settings.tail & (counts_of % t != 0) & (counts_of >= t) & (self.video_clips == counts_of // t + 1)
         self.video_frames = np.where(tail, counts_of, np.minimum(self.video_clips * t, counts_of))
         self._tail_start = np.where(tail, counts_of - t, -1)
+        self._frame_shapes: dict[int, tuple[int, int]] = {}
         self._storage: np.ndarray | None = None
         bad = self.video_labels[(self.video_labels < 0) | (self.video_labels >= len(self.classes))]
         if bad.size:
@@ -266,8 +267,12 @@ class ClipStore(Sequence):
     def frame_shape(self, video: int) -> tuple[int, int]:
         """(H, W) of video number ``video``'s frames, from its first clip's header (nothing decoded): every clip
         of a video has its frames' size."""
+        known = self._frame_shapes.get(video)
+        if known is not None:
+            return known
         got: list[tuple[int, int]] = []
         self.visit([self._video_clip(video, 0)], lambda _, header, __: got.append(header.shape[1:3]))
+        self._frame_shapes[video] = got[0]  # one header read per video and process (any thread may add one)
         return got[0]
 
     def _video_clip(self, video: int, chunk: int) -> int:

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from convert.format import ClipHeader, FormatError, codec_for_id
+from convert.format import ClipHeader, codec_for_id
 from convert.store import ClipStore
 
-from ..cropread import checked_params
+from ..cropread import checked_params, sample_region
 from ..presets import ClipPreset
 from ..sampler import DistributedClipSampler
 from ..sampling import VideoSamples
@@ -121,9 +121,9 @@ class _Stream:
 
 class _FrameSource:
     """``external_source`` callback for samples of videos (``SampleSpec`` rules "window" and "segments"): the
-    sample's frames read from its video's timeline (``ClipStore.frames``) and its crop, as ``ClipDataset``
-    reads them. Returns what ``_ClipSource`` returns when not ``in_dali``: (frames (T, H, W, C), anchor (0, y0,
-    x0), size (T, h, w), flip, label, index); the frames are decoded here, since a sample spans several stored
+    sample's crop region read from its video's timeline (``cropread.sample_region``), as ``ClipDataset`` reads
+    it. Returns what ``_ClipSource`` returns when not ``in_dali``: (region (T, h, w, C), anchor (0, 0, 0),
+    size (T, h, w), flip, label, index); the frames are decoded here, since a sample spans several stored
     payloads. Stateless apart from caches, as parallel sources must be.
     """
 
@@ -135,15 +135,10 @@ class _FrameSource:
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
-        v = self.samples.video(index)
-        frames = self.store.frames(v, self.samples.indices(epoch, index), verify=self.verify)
-        try:
-            p = self.preset.params(epoch, index, frames.shape)
-        except ValueError as exc:
-            raise FormatError(f"{self.store.name}: video {self.store.video_ids[v]!r}: frames of "
-                              f"{frames.shape[1]}x{frames.shape[2]} do not suit the preset: {exc}") from exc
-        t = frames.shape[0]
-        return (frames, np.array([0, p.y0, p.x0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
+        # Only the crop's region is read out of the decoded frames; DALI flips (and resizes) it.
+        v, region, p = sample_region(self.store, self.samples, self.preset, epoch, index, verify=self.verify)
+        t = region.shape[0]
+        return (region, np.array([0, 0, 0], dtype=np.int32), np.array([t, p.h, p.w], dtype=np.int32),
                 np.array(p.flip, dtype=np.int32), np.array(self.store.video_labels[v], dtype=np.int64),
                 np.array(index, dtype=np.int64))
 
