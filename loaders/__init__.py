@@ -2,7 +2,8 @@
 
 ``open_clips`` is the plain reader (``convert.store``, beside the format layer);
 ``ClipDataset`` + ``DistributedClipSampler`` + ``build_loader`` feed
-training (reader threads or DataLoader workers); ``ClipPreset`` /
+training (reader threads or DataLoader workers); ``SampleSpec`` says which
+frames of a video a sample is, chosen at read time; ``ClipPreset`` /
 ``to_model_input`` define what the model sees; ``loaders.dali`` holds the
 NVIDIA DALI pipelines.
 
@@ -22,6 +23,7 @@ _LAZY = {
     "LoaderTimeout": "threaded", "ThreadedClipLoader": "threaded",
     "ClipPreset": "presets", "CropParams": "presets", "to_model_input": "presets",
     "DistributedClipSampler": "sampler", "VideoEpochSampler": "sampler",
+    "SampleSpec": "sampling", "VideoSamples": "sampling",
     # The plain reader (shard access) and the error type (the format layer) live below both sides.
     "ClipSample": "convert.store.store", "ClipStore": "convert.store.store", "open_clips": "convert.store.store",
     "FormatError": "convert.format.errors",

@@ -142,7 +142,8 @@ class SampleSpec:
                 "window": f"{self.frames}x{self.step} windows",
                 "segments": f"{self.frames} segments"}[self.rule]
         extra = f", slow pathway every {self.alpha}" if self.alpha else ""
-        return f"{what} ({self.clips_per_video} per video in training, {self.views} views in evaluation{extra})"
+        views = f"{self.views} view{'s' if self.views != 1 else ''}"
+        return f"{what} ({self.clips_per_video} per video in training, {views} in evaluation{extra})"
 
 
 class VideoSamples:
