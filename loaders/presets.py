@@ -34,7 +34,11 @@ class CropParams:
     """Where to cut one clip: frames ``t0:t0+t``, rows ``y0:y0+h``, columns ``x0:x0+w``.
 
     ``flip`` mirrors left-right. ``out_size`` (H, W) is set when the cut is
-    resized afterwards (multi-scale crop); ``None`` keeps the cut's size.
+    resized afterwards (multi-scale crop, short-side scale); ``None`` keeps
+    the cut's size. ``antialias``: the resize filters as a downscale should
+    (``resize_antialiased``: the short-side scale, which stands for resizing
+    whole frames as a conversion does), else it samples bilinearly without
+    (``resize_bilinear``: the multi-scale crop, OpenCV's INTER_LINEAR).
     ``t`` of ``None`` takes every frame from ``t0`` on.
     """
 
@@ -46,6 +50,7 @@ class CropParams:
     flip: bool
     t: int | None = None
     out_size: tuple[int, int] | None = None
+    antialias: bool = False
 
 
 def _centre(total: int, part: int) -> int:
@@ -72,6 +77,16 @@ class ClipPreset:
     the long side: 0 the first (left, or top when H > W), 1 the centre, 2 the
     last (right, or bottom); the short side is centred. ``mean``/``std`` are
     per RGB channel in 0..255 units.
+
+    ``short_side`` (lo, hi): the frames are taken as resized so that their
+    short side is S before the crop, as PySlowFast's and PyTorchVideo's
+    short-side scale does: in training S is drawn from lo..hi (its jitter;
+    in the draw order's scale place), in evaluation it is lo (give (S, S)).
+    What is read is the frame's region that becomes the crop_size square
+    after such a resize, a square of ``round(crop_size * short / S)`` (at
+    most the short side) resized to crop_size as ``multiscale``'s is, so the
+    whole frames are never resized. Not with ``multiscale``; lo must be at
+    least crop_size.
     """
 
     train: bool
@@ -83,6 +98,7 @@ class ClipPreset:
     std: tuple[float, ...] = field(default=KINETICS_STD)
     seed: int = 0
     spatial_crops: int = 1
+    short_side: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, bool):
@@ -108,9 +124,24 @@ class ClipPreset:
             raise ValueError(f"std must be > 0 per channel, got {self.std}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if self.short_side is not None:
+            bounds = tuple(self.short_side)
+            if len(bounds) != 2 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) \
+                    or not self.crop_size <= bounds[0] <= bounds[1]:
+                raise ValueError(f"short_side must be (lo, hi), integers with crop_size {self.crop_size} <= lo <= hi, "
+                                 f"got {self.short_side!r}")
+            if self.multiscale is not None:
+                raise ValueError("short_side and multiscale are two ways to scale the crop: give one")
+            object.__setattr__(self, "short_side", bounds)
         if self.spatial_crops not in SPATIAL_CROPS or (self.train and self.spatial_crops != 1):
             raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 for evaluation only), "
                              f"got {self.spatial_crops!r}")
+
+    @property
+    def resizes(self) -> bool:
+        """Whether a cut may be resized to crop_size (``multiscale`` in training, ``short_side``): what a reader
+        that cuts and resizes in separate steps (DALI) asks."""
+        return (self.train and self.multiscale is not None) or self.short_side is not None
 
     def out_shape(self, stored_frames: int) -> tuple[int, int, int, int]:
         """(T, H, W, 3) of what ``apply`` returns for clips of ``stored_frames`` frames."""
@@ -130,7 +161,12 @@ class ClipPreset:
         if length > t_all:
             raise ValueError(f"clip_len {length} is longer than the stored clip ({t_all} frames)")
         if not self.train:
-            side = self._check_fits(self.crop_size, h_all, w_all)
+            out_size = None
+            if self.short_side is not None:
+                side = self._scaled_side(self.short_side[0], h_all, w_all)
+                out_size = (self.crop_size, self.crop_size) if side != self.crop_size else None
+            else:
+                side = self._check_fits(self.crop_size, h_all, w_all)
             y0, x0 = _centre(h_all, side), _centre(w_all, side)
             if self.spatial_crops == 3:
                 if epoch not in (0, 1, 2):
@@ -140,7 +176,8 @@ class ClipPreset:
                     y0 = (0, y0, h_all - side)[epoch]
                 else:
                     x0 = (0, x0, w_all - side)[epoch]
-            return CropParams(_centre(t_all, length), y0, x0, side, side, False, t=length)
+            return CropParams(_centre(t_all, length), y0, x0, side, side, False, t=length, out_size=out_size,
+                              antialias=out_size is not None)
         if epoch < 0 or index < 0:
             raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")
         rng = KeyedDraws(self.seed, int(epoch), int(index))
@@ -152,12 +189,24 @@ class ClipPreset:
             side = min(short, max(1, int(round(short * scale))))
             if side != self.crop_size:
                 out_size = (self.crop_size, self.crop_size)
+        elif self.short_side is not None:
+            lo, hi = self.short_side
+            side = self._scaled_side(lo + rng.integers(hi - lo + 1), h_all, w_all)
+            if side != self.crop_size:
+                out_size = (self.crop_size, self.crop_size)
         else:
             side = self._check_fits(self.crop_size, h_all, w_all)
         y0 = rng.integers(h_all - side + 1)
         x0 = rng.integers(w_all - side + 1)
         flip = rng.uniform() < 0.5 and self.flip
-        return CropParams(t0, y0, x0, side, side, flip, t=length, out_size=out_size)
+        return CropParams(t0, y0, x0, side, side, flip, t=length, out_size=out_size,
+                          antialias=out_size is not None and self.short_side is not None)
+
+    def _scaled_side(self, short_side: int, h: int, w: int) -> int:
+        """The square of frames of h x w that becomes the crop_size square once the frames are resized to a
+        short side of ``short_side``: ``round(crop_size * short / short_side)``, at most the short side."""
+        short = min(h, w)
+        return min(short, max(1, int(round(self.crop_size * short / short_side))))
 
     @staticmethod
     def _check_fits(side: int, h: int, w: int) -> int:
@@ -195,6 +244,22 @@ def resize_bilinear(frames: np.ndarray, size: tuple[int, int], out: np.ndarray |
     return out
 
 
+def resize_antialiased(frames: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
+    """Resize uint8 (T, H, W, C) frames to ``size`` (H, W) with a bilinear (triangle) filter widened by the
+    downscale factor, as FFmpeg's ``flags=bilinear`` scaler (the converter's) and DALI's antialiased linear
+    resize filter a downscale: Pillow's ``BILINEAR`` resize, frame by frame."""
+    from PIL import Image
+
+    t, _, _, c = frames.shape
+    oh, ow = size
+    if out is None:
+        out = np.empty((t, oh, ow, c), dtype=np.uint8)
+    for k in range(t):
+        frame = Image.fromarray(np.ascontiguousarray(frames[k]))
+        out[k] = np.asarray(frame.resize((ow, oh), Image.Resampling.BILINEAR))
+    return out
+
+
 def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *, first: int = 0) -> np.ndarray:
     """Cut (and flip, and resize) ``clip`` as ``params`` say; uint8 in, new uint8 array out.
 
@@ -218,7 +283,8 @@ def apply(clip: np.ndarray, params: CropParams, out: np.ndarray | None = None, *
     if p.out_size is not None and tuple(p.out_size) != (p.h, p.w):
         # Flip first, then resize: the resize gathers pixels anyway, so the
         # reversed view costs nothing extra there.
-        return resize_bilinear(view[:, :, ::-1] if p.flip else view, p.out_size, out=out)
+        resize = resize_antialiased if p.antialias else resize_bilinear
+        return resize(view[:, :, ::-1] if p.flip else view, p.out_size, out=out)
     if out is None:
         out = np.empty(view.shape, dtype=np.uint8)  # never a view: the source may be a read buffer
     elif out.shape != view.shape:
@@ -274,4 +340,4 @@ def to_model_input(clips: torch.Tensor, *, mean: Sequence[float], std: Sequence[
 
 
 __all__ = ["KINETICS_MEAN", "KINETICS_STD", "ClipPreset", "CropParams", "apply", "normalisation_tensors",
-           "resize_bilinear", "to_model_input"]
+           "resize_antialiased", "resize_bilinear", "to_model_input"]

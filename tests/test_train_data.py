@@ -153,7 +153,10 @@ def test_the_trainer_reads_samples_of_videos_from_the_one_conversion(tiny_data, 
 def test_sampling_settings_that_do_not_go_together_are_refused(tiny_data, tmp_path, capsys):
     for extra, words in [(["--sampling", "window", "--order", "blocks"], "use --order random"),
                          (["--sampling", "segments", "--epoch-mode", "videos"], "it takes --epoch-mode clips"),
-                         (["--frame-step", "2"], "--frame-step 2 is for --sampling window")]:
+                         (["--frame-step", "2"], "--frame-step 2 is for --sampling window"),
+                         (["--short-side-scale", "20"], "--crop-size 32 <= LO <= HI"),
+                         (["--short-side-scale", "40,36"], "--crop-size 32 <= LO <= HI"),
+                         (["--short-side-scale", "36", "--crop-scales", "1,0.8"], "give one")]:
         code = main(common(tiny_data, tmp_path / "run") + extra + ["--max-steps", "1"])
         assert code == 2
         assert words in capsys.readouterr().err
@@ -172,3 +175,16 @@ def test_a_run_of_samples_resumed_mid_epoch_ends_as_the_unbroken_run(tiny_data, 
     a, b = final_state(tmp_path / "a"), final_state(tmp_path / "b")
     assert a["step"] == b["step"] == 10
     assert_states_equal(a["model"], b["model"])
+
+
+def test_a_short_side_scale_in_the_trainer(tiny_data, tmp_path):
+    """--short-side-scale 36,48: training crops as if the 40x52 frames were resized to a short side of 36..48,
+    evaluation at 36; the presets say so and a run trains."""
+    from train.data import make_preset
+    from train.main import run_argv
+
+    argv = common(tiny_data, tmp_path / "s") + ["--short-side-scale", "36,48", "--batch-size", "8", "--max-steps",
+                                                "2", "--val-data", tiny_data]
+    cfg = cpu_config(argv)
+    assert make_preset(cfg, True).short_side == (36, 48) and make_preset(cfg, False).short_side == (36, 36)
+    assert run_argv(argv)["step"] == 2

@@ -124,7 +124,8 @@ def test_settings_added_later_are_declared_with_the_value_old_checkpoints_load_w
     assert added_later(TrainConfig) == {"order": "random", "order_block": 64, "order_window": 16, "order_shards": 4,
                                         "force_resume": False, "pad_last_batch": False, "cache_dir": None,
                                         "cache_limit": None, "model": "c3d", "inflate_from": None,
-                                        "crop_scales": None}
+                                        "crop_scales": None, "sampling": "clips", "frame_step": 1,
+                                        "short_side_scale": None}
 
 
 def test_a_config_checks_what_its_declarations_say():

@@ -97,7 +97,7 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         declared[name].check(getattr(args, name), TrainError)
     pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
                                clips_per_video=args.clips_per_video, seed=args.seed, info=info,
-                               sampling=args.sampling)
+                               sampling=args.sampling, dali_route="source" if args.short_side_scale else "auto")
     auto = args.batch_size == "auto"
     given.update(
         clip_len=clip_len, crop_size=crop, device=str(device), dist_backend=info.backend,

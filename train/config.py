@@ -139,9 +139,9 @@ class TrainConfig:
               "windows spread evenly with --eval-protocol 10x3, else the centre one); segments (TSN): each video "
               "cut into --clip-len segments, one frame of each. window and segments read a conversion whose "
               "clips tile its videos (--stride 1, no --step) at any length and step", default="clips",
-        choices=SAMPLINGS, on_resume=ORDER)
+        choices=SAMPLINGS, on_resume=ORDER, added_later="clips")
     frame_step: int = option(DATA, "with --sampling window: frames between a sample's frames", default=1, ge=1,
-                             on_resume=ORDER)
+                             on_resume=ORDER, added_later=1)
     order: str = option(
         DATA, "random: each epoch a fresh random order; blocks: for shards larger than the "
               "page cache, blocks of --order-block clips that lie side by side in the shards, shuffled, "
@@ -163,6 +163,12 @@ class TrainConfig:
         DATA, "training crops of several scales, as mmaction2's MultiScaleCrop: a square of one of these fractions "
               "of the frame's short side (drawn per clip, e.g. 1,0.875,0.75,0.66), at a random place, resized to "
               "--crop-size (default: a --crop-size square cut as it is)", metavar="S,S,...", added_later=None)
+    short_side_scale: str | None = option(
+        DATA, "crops of frames as if resized to a short side of LO..HI pixels first (drawn per sample in "
+              "training; LO in evaluation), as PySlowFast's and PyTorchVideo's short-side scale: a square of "
+              "--crop-size * short / S of the stored frame, resized to --crop-size with a filtered downscale; "
+              "e.g. 256,320 from a --short-side 320 conversion (default: crops cut as they are stored)",
+        metavar="LO[,HI]", added_later=None)
     # -- model ------------------------------------------------------------------
     # Checkpoints written before the registry are C3D's.
     model: str = option(
@@ -346,6 +352,8 @@ class TrainConfig:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
         self._check_model()
         self.scales()  # --crop-scales parses
+        if self.short_side_bounds() is not None and self.crop_scales is not None:
+            raise TrainError("--short-side-scale and --crop-scales are two ways to scale the crop: give one")
         if self.early_stop is not None and (not self.val_data or not self.eval_every):
             raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
         resolved = [self.batch_size, self.steps_per_epoch, self.lr_plan]
@@ -377,6 +385,21 @@ class TrainConfig:
             raise TrainError(f"--crop-scales {self.crop_scales}: expected fractions of the short side in (0, 1], "
                              f"comma-separated, e.g. 1,0.875,0.75,0.66")
         return scales
+
+    def short_side_bounds(self) -> tuple[int, int] | None:
+        """``--short-side-scale`` as (lo, hi) (None when not given); a one-line TrainError when it does not parse
+        or is smaller than the crop."""
+        if self.short_side_scale is None:
+            return None
+        try:
+            parts = tuple(int(part) for part in self.short_side_scale.split(","))
+        except ValueError:
+            parts = ()
+        bounds = (parts[0], parts[-1]) if len(parts) in (1, 2) else (0, 0)
+        if not (self.crop_size or 1) <= bounds[0] <= bounds[1]:
+            raise TrainError(f"--short-side-scale {self.short_side_scale}: expected LO or LO,HI, whole pixels with "
+                             f"--crop-size {self.crop_size} <= LO <= HI")
+        return bounds
 
     def _model_defaults(self) -> None:
         # --crop-size and --dropout not given (None) are the --model's: they depend on no machine or data, so the

@@ -233,7 +233,7 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
 
 
 def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, clips_per_video: int, seed: int,
-                info: DistInfo, sampling: str = "clips") -> tuple[bool, int]:
+                info: DistInfo, sampling: str = "clips", dali_route: str = "auto") -> tuple[bool, int]:
     """(whether the training loader pads an epoch's last batch, the samples of this rank's epoch it counts).
 
     What ``TrainConfig.epoch_steps`` counts the steps of, as the loader
@@ -243,7 +243,8 @@ def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, cl
     loaders (threads, processes, DALI's source route) drop the partial share
     and the partial last batch (``train_sampler``). With ``sampling`` other
     than clips an epoch is ``clips_per_video`` samples of each video, read
-    by the sampler's loaders (DALI's source route included).
+    by the sampler's loaders (DALI's source route included). ``dali_route``:
+    the route ``--loader dali`` takes (``_dali_route``).
     """
     if sampling != "clips":
         try:
@@ -253,7 +254,7 @@ def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, cl
             raise TrainError(f"--data {root}: {exc}") from exc
         return False, len(sampler)
     if loader == "dali" and epoch_mode == "clips":
-        if route_for(root) == "native":
+        if route_for(root, dali_route) == "native":
             return True, max(shard_sizes(int(sum(shape.video_clips)), info.world_size))
     try:
         sampler = train_sampler(shape.video_clips, epoch_mode=epoch_mode, clips_per_video=clips_per_video,
@@ -370,11 +371,14 @@ def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
     spec = model_spec(cfg.model)
     kwargs: dict[str, Any] = {"train": train, "crop_size": cfg.crop_size, "clip_len": cfg.clip_len, "seed": cfg.seed,
                               "mean": spec.mean, "std": spec.std}
+    bounds = cfg.short_side_bounds()
     if train:
         kwargs["flip"] = not cfg.no_flip
         kwargs["multiscale"] = cfg.scales()
+        kwargs["short_side"] = bounds
     else:
         kwargs["spatial_crops"] = protocol_views(cfg.eval_protocol, cfg.eval_clips)[1]
+        kwargs["short_side"] = None if bounds is None else (bounds[0], bounds[0])
     return ClipPreset(**kwargs)
 
 
@@ -393,9 +397,10 @@ def _dali_device(info: DistInfo) -> int | None:
     return info.device.index if info.device.type == "cuda" else None
 
 
-def _dali_route(spec: SampleSpec | None) -> str:
-    # Samples of videos are assembled by the source route; DALI's native reader hands over single records.
-    return "auto" if spec is None else "source"
+def _dali_route(spec: SampleSpec | None, preset: ClipPreset) -> str:
+    # Samples of videos are assembled by the source route; DALI's native reader hands over single records, and
+    # draws its own crops (without a short-side scale).
+    return "auto" if spec is None and preset.short_side is None else "source"
 
 
 def _spec_kw(spec: SampleSpec | None) -> dict[str, Any]:
@@ -434,7 +439,7 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             # The DALI reader shards by rank itself (DistributedClipSampler's order)
             # and offers the sampler's set_epoch / set_position / state_dict.
             spec = make_sample_spec(cfg, train=True)
-            route = _dali_route(spec)
+            route = _dali_route(spec, preset)
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
@@ -476,7 +481,8 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg), route=_dali_route(spec), **_spec_kw(spec))
+                                     cache=cache_settings(cfg), route=_dali_route(spec, preset),
+                                     **_spec_kw(spec))
             count = int(loader.num_clips) if spec is None else len(loader.samples)
             return EvalData(loader, list(loader.classes), preset.mean, preset.std, count, protocol)
         ds = _dataset(root, False, preset, cfg)
