@@ -188,3 +188,22 @@ def test_a_short_side_scale_in_the_trainer(tiny_data, tmp_path):
     cfg = cpu_config(argv)
     assert make_preset(cfg, True).short_side == (36, 48) and make_preset(cfg, False).short_side == (36, 36)
     assert run_argv(argv)["step"] == 2
+
+
+def test_the_model_registry_carries_each_networks_sampling_and_flags_override_it(tiny_data, tmp_path, monkeypatch):
+    """--sampling, --frame-step and --clip-len default to the --model's recipe (ModelSpec.sampling); every network
+    of the registry reads stored clips today, so here C3D's recipe is made 16x2 windows to see it taken."""
+    import dataclasses
+
+    from loaders import SampleSpec
+    from train.models import MODELS
+
+    assert all(isinstance(m.sampling, SampleSpec) and m.sampling.rule == "clips" for m in MODELS.values())
+    base = cpu_config(common(tiny_data, tmp_path) + ["--batch-size", "8"])
+    assert (base.sampling, base.frame_step, base.clip_len) == ("clips", 1, 16)
+    monkeypatch.setitem(MODELS, "c3d", dataclasses.replace(MODELS["c3d"], sampling=SampleSpec(frames=16, step=2,
+                                                                                               rule="window")))
+    cfg = cpu_config(common(tiny_data, tmp_path) + ["--batch-size", "8"])
+    assert (cfg.sampling, cfg.frame_step, cfg.clip_len, cfg.epoch_samples) == ("window", 2, 16, 20)
+    flags = cpu_config(common(tiny_data, tmp_path) + ["--batch-size", "8", "--sampling", "clips"])
+    assert (flags.sampling, flags.clip_len, flags.epoch_samples) == ("clips", 16, 40)

@@ -83,13 +83,15 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
     crop = crop_size(args)
     cache = cache_settings(args)
     shape = shape or dataset_info(root, crop, cache=cache)
-    if args.clip_len is not None and args.clip_len > shape.clip_len and args.sampling == "clips":
+    recipe = model_spec(args.model).sampling
+    sampling = args.sampling or recipe.rule  # the --model's recipe unless given
+    if args.clip_len is not None and args.clip_len > shape.clip_len and sampling == "clips":
         raise TrainError(f"--clip-len {args.clip_len} is longer than the stored clips of --data ({shape.clip_len} "
                          f"frames)")
-    clip_len = args.clip_len or shape.clip_len
+    clip_len = args.clip_len or (recipe.frames if sampling == recipe.rule else None) or shape.clip_len
     if args.val_data:
         val_shape = dataset_info(args.val_data, crop, "--val-data", cache=cache)
-        if val_shape.clip_len < clip_len and args.sampling == "clips":
+        if val_shape.clip_len < clip_len and sampling == "clips":
             raise TrainError(f"--val-data {args.val_data}: clips of {val_shape.clip_len} frames, the model takes "
                              f"{clip_len}")
     declared = settings(TrainConfig)
@@ -97,7 +99,7 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         declared[name].check(getattr(args, name), TrainError)
     pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
                                clips_per_video=args.clips_per_video, seed=args.seed, info=info,
-                               sampling=args.sampling, dali_route="source" if args.short_side_scale else "auto")
+                               sampling=sampling, dali_route="source" if args.short_side_scale else "auto")
     auto = args.batch_size == "auto"
     given.update(
         clip_len=clip_len, crop_size=crop, device=str(device), dist_backend=info.backend,

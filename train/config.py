@@ -134,13 +134,16 @@ class TrainConfig:
                                         "--sampling window or segments: samples of each video per epoch",
                                   default=1, ge=1, on_resume=ORDER)
     sampling: str = option(
-        DATA, "which frames a sample is (loaders.sampling.SampleSpec). clips: each stored clip, as converted; "
+        DATA, "which frames a sample is (loaders.sampling.SampleSpec; default: the --model's recipe, "
+              "ModelSpec.sampling: clips for every network in the registry now). clips: each stored clip, as "
+              "converted; "
               "window: --clip-len frames at --frame-step from anywhere in each video (evaluation: --eval-clips "
               "windows spread evenly with --eval-protocol 10x3, else the centre one); segments (TSN): each video "
               "cut into --clip-len segments, one frame of each. window and segments read a conversion whose "
-              "clips tile its videos (--stride 1, no --step) at any length and step", default="clips",
+              "clips tile its videos (--stride 1, no --step) at any length and step",
         choices=SAMPLINGS, on_resume=ORDER, added_later="clips")
-    frame_step: int = option(DATA, "with --sampling window: frames between a sample's frames", default=1, ge=1,
+    frame_step: int = option(DATA, "with --sampling window: frames between a sample's frames (default: the "
+                                   "--model's recipe's, 1 for every network in the registry now)", ge=1,
                              on_resume=ORDER, added_later=1)
     order: str = option(
         DATA, "random: each epoch a fresh random order; blocks: for shards larger than the "
@@ -409,6 +412,11 @@ class TrainConfig:
             object.__setattr__(self, "crop_size", spec.crop_size)
         if spec is not None and self.dropout is None:
             object.__setattr__(self, "dropout", spec.dropout)
+        if spec is not None and self.sampling is None:
+            object.__setattr__(self, "sampling", spec.sampling.rule)
+        if spec is not None and self.frame_step is None:
+            # The recipe's step goes with its rule: another --sampling given reads at step 1 unless told.
+            object.__setattr__(self, "frame_step", spec.sampling.step if self.sampling == spec.sampling.rule else 1)
 
     def _check_model(self) -> None:
         spec = model_spec(self.model)  # a known name: check_settings has checked the choice

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from loaders.presets import KINETICS_MEAN, KINETICS_STD
+from loaders.sampling import SampleSpec
 
 from .c3d import C3D
 from .c3d import CLASSIFIER_PREFIX as C3D_CLASSIFIER
@@ -58,7 +59,13 @@ class ModelSpec:
     width 1 (``torch.utils.flop_counter``: convolutions and matrix products,
     one multiply-add = 2 FLOPs; a training step is about 3 times that).
     ``dropout``: the builder's default dropout. ``inflatable``: takes
-    ``inflate_from``, 2-D ResNet-50 weights.
+    ``inflate_from``, 2-D ResNet-50 weights. ``sampling``: the frames of a
+    video one sample is in the network's recipe (``loaders.sampling.
+    SampleSpec``), what ``--sampling``, ``--clip-len`` and ``--frame-step``
+    default to for it (flags override it): every network here reads the
+    stored clips by default (a 16-frame conversion's, or for I3D-R50 the
+    64-frame one its workload specifies; docs/training.md gives each recipe's
+    windows as flags).
     """
 
     name: str
@@ -78,6 +85,7 @@ class ModelSpec:
     options: tuple[str, ...]
     dropout: float
     inflatable: bool = False
+    sampling: SampleSpec = SampleSpec()
 
     def __post_init__(self) -> None:
         for name in ("clip_len", "crop_size", "min_clip_len", "min_crop", "params_400", "flops"):
@@ -96,6 +104,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: unknown options {', '.join(unknown)} (known: {', '.join(OPTIONS)})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model {self.name}: dropout must be in [0, 1), got {self.dropout}")
+        if not isinstance(self.sampling, SampleSpec):
+            raise ValueError(f"model {self.name}: sampling must be a SampleSpec, got {type(self.sampling).__name__}")
 
     def input_problem(self, clip_len: int | None, crop_size: int) -> str | None:
         """Why clips of ``clip_len`` frames (None: not known yet, not checked) and ``crop_size``² pixels are too
