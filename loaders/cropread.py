@@ -27,11 +27,11 @@ def checked_params(header: ClipHeader, payload: memoryview, preset: ClipPreset, 
                    verify: bool = False) -> CropParams:
     """The preset's crop of one stored clip for (epoch, index), after the checks every reader makes.
 
-    ``verify`` checks the payload's CRC-32 first (``ClipStore.visit`` has
+    ``verify`` checks the payload's CRC-32 first (``ClipStore.read`` has
     checked the label and shape); a payload decoded by FFmpeg is checked
     always (``Payload.crc_checked``). A clip the preset cannot crop
     raises ``FormatError`` without a location; the caller
-    (``ClipStore.visit``) adds the shard and clip.
+    (``StoredClip.named``) adds the shard and clip.
     """
     # A training reader decodes in its own process (a process per clip would cost more than the decode): what
     # keeps a hostile bitstream from FFmpeg here is this check, and ``python -m convert verify``, which decodes
@@ -50,7 +50,7 @@ def crop_into(header: ClipHeader, payload: memoryview, out: np.ndarray, preset: 
 
     ``verify`` checks the payload's CRC-32; a payload read in place (raw) or
     decoded by FFmpeg is checked always. Data problems raise ``FormatError``
-    without a location; the caller (``ClipStore.visit``) adds the shard and
+    without a location; the caller (``StoredClip.named``) adds the shard and
     clip.
     """
     codec = codec_for_id(header.codec_id)

@@ -17,6 +17,7 @@ loader (``loaders.threaded``) calls it from its reader threads.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import time
@@ -28,7 +29,6 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from convert.format import ClipHeader
 from convert.store import ClipStore, open_clips
 from convert.store.cache import CacheSettings
 
@@ -198,12 +198,13 @@ class ClipDataset(Dataset):
         if self.samples is not None:
             return self._read_samples(pairs, out, vids)
 
-        def fill(pos: int, header: ClipHeader, payload: memoryview) -> None:
-            epoch, i = pairs[pos]
-            crop_into(header, payload, clips[pos], self.preset, epoch, i, verify=self.verify_checksums)
-            labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id
-
-        self.store.visit([i for _, i in pairs], fill)
+        with contextlib.closing(self.store.read([i for _, i in pairs])) as stored:
+            for clip in stored:
+                pos, header = clip.position, clip.header
+                epoch, i = pairs[pos]
+                with clip.named():
+                    crop_into(header, clip.payload, clips[pos], self.preset, epoch, i, verify=self.verify_checksums)
+                labels[pos], cidx[pos], index[pos], vids[pos] = header.label, header.clip_index, i, header.video_id
         return {"video_id": vids}
 
     def _read_samples(self, pairs: list[tuple[int, int]], out: dict[str, np.ndarray], vids: list) -> dict[str, list]:

@@ -211,7 +211,7 @@ def nvdec_row(root: str, *, device_id: int | None, batch: int, seconds: float,
     if device_id is None and not graph.cpu:
         return {"codec": label or codec, "error": "skipped: DALI decodes it on the GPU only"}
     items: list = []
-    store.visit(range(len(store)), lambda _, header, payload: items.append((header, bytes(payload))))
+    items += [(clip.header, bytes(clip.payload)) for clip in store.read(range(len(store)))]
     fed = items if wrap is None else [(header, wrap(payload)) for header, payload in items]
     codec = label or codec
     # Values: every clip once, in order, against the CPU decode of FORMAT.md.

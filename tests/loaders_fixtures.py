@@ -98,12 +98,9 @@ def rewrite_value(shard: str, key: bytes, change) -> None:
 
 
 def payloads(store, indices) -> list:
-    """Headers and copies of the payloads of clips ``indices`` of ``store`` (through ``ClipStore.visit``)."""
+    """Headers and copies of the payloads of clips ``indices`` of ``store`` (through ``ClipStore.read``)."""
     indices = list(indices)
     out: list = [None] * len(indices)
-
-    def keep(pos: int, header, payload: memoryview) -> None:
-        out[pos] = (header, bytes(payload))
-
-    store.visit(indices, keep)
+    for clip in store.read(indices):
+        out[clip.position] = (clip.header, bytes(clip.payload))
     return out

@@ -65,8 +65,7 @@ def conversion(video_src, tmp_path_factory):
 def _clip(out: str, i: int) -> tuple[str, ClipHeader, bytes]:
     """Clip ``i``'s shard folder, header and payload (a copy)."""
     store = open_clips(out)
-    got: list = []
-    store.visit([i], lambda _, header, payload: got.append((header, bytes(payload))))
+    got = [(clip.header, bytes(clip.payload)) for clip in store.read([i])]
     shard = store.shard_paths[int(store.shards_of([i])[0])]
     store.close()
     return shard, got[0][0], got[0][1]

@@ -98,11 +98,8 @@ def test_bench_pieces_on_small_data(raw_root, synth_videos):
     batch = bound.__getitems__([(0, 0), (0, 5)])
     store = open_clips(raw_root)
     values: list[bytes] = [b"", b""]
-
-    def keep(pos: int, header, payload: memoryview) -> None:
-        values[pos] = bytes(payload)
-
-    store.visit([0, 5], keep)
+    for clip in store.read([0, 5]):
+        values[clip.position] = bytes(clip.payload)
     assert batch["bytes"] == sum(len(v) for v in values)
     assert bytes(batch["clip"][1, :len(values[1])].numpy()) == values[1]
     for ds, fn in ((ClipDataset(raw_root, train=True), None), (bound, _as_is)):

@@ -197,13 +197,9 @@ def test_many_threads_open_and_read_many_shards_at_once(synth_videos, tmp_path):
                     barrier.wait()
                     store = shared if shared is not None else open_clips(root)
                     order = np.random.default_rng(k).permutation(n).tolist()
-                    got = {}
-
-                    def keep(pos, header, payload):
-                        got[order[pos]] = hashlib.sha256(
-                            store.codec.decode(payload, header.shape).tobytes()).hexdigest()
-
-                    store.visit(order, keep)
+                    got = {order[clip.position]: hashlib.sha256(
+                        store.codec.decode(clip.payload, clip.header.shape).tobytes()).hexdigest()
+                        for clip in store.read(order)}
                     results[k] = [got[i] for i in range(n)]
                 except Exception as exc:  # noqa: BLE001 - reported to the asserting thread
                     results[k] = exc

@@ -47,7 +47,7 @@ def test_clips_of_different_lengths_are_refused(tiny_data, tmp_path):
         return value[:8] + struct.pack("<H", 8) + value[10:]
 
     rewrite_value(os.path.join(root, os.path.relpath(store.shard_paths[shard], store.root)), key, eight_frames)
-    # The reader refuses a header whose shape is not the manifest's (ClipStore.visit), naming the clip.
+    # The reader refuses a header whose shape is not the manifest's (ClipStore.read), naming the clip.
     with pytest.raises(TrainError, match=r"--data .*mixed: cannot read the clip shape: .*shape \(8, 40, 52, 3\), "
                                          r"the manifest says \(16, 40, 52, 3\)"):
         dataset_info(root, 32)

@@ -185,8 +185,7 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSe
             cached = [v for v in first_of_shard if store.cache.present(int(store.video_shard[v]))]
             first_of_shard = np.asarray(cached or first_of_shard[:1], dtype=np.int64)
         sample = [int(starts[v]) for v in first_of_shard]
-        seen: dict[int, tuple[int, ...]] = {}
-        store.visit(sample, lambda pos, header, payload: seen.__setitem__(pos, header.shape))
+        seen = {clip.position: clip.header.shape for clip in store.read(sample)}
     except (FormatError, ValueError) as exc:
         raise TrainError(f"{flag} {root}: cannot read the clip shape: {exc}") from exc
     except RemoteError as exc:  # the message names the URL and the reason

@@ -12,6 +12,7 @@ DataLoader rate of the same round (``paired``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -70,12 +71,11 @@ class ReadCopyDataset(Dataset):
         indices = [it[1] if isinstance(it, tuple) else it for it in items]
         arr, sizes = out["clip"], out["bytes"]
 
-        def copy(pos: int, header: Any, payload: memoryview) -> None:
-            n = len(payload)
-            arr[pos, :n] = np.frombuffer(payload, dtype=np.uint8)
-            sizes[pos] = n
-
-        self.store.visit(indices, copy)
+        with contextlib.closing(self.store.read(indices)) as stored:
+            for clip in stored:
+                n = len(clip.payload)
+                arr[clip.position, :n] = np.frombuffer(clip.payload, dtype=np.uint8)
+                sizes[clip.position] = n
         return {}
 
     def __getitems__(self, items: Sequence[Any]) -> dict:

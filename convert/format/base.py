@@ -122,7 +122,6 @@ def _short(value: Any) -> str:
 
 
 ClipProducer = Generator[tuple[int, int, np.ndarray], None, VideoRecord]
-Visitor = Callable[[int, ClipHeader, memoryview], None]
 
 
 class ShardWriter(ABC):
@@ -261,13 +260,15 @@ class ShardReader(ABC):
         """The summary written when the shard was finished, or None."""
 
     @abstractmethod
-    def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
-        """Call ``fn(position, header, payload)`` for each (video id, clip index).
+    def read(self, clips: Sequence[tuple[str, int]]) -> Generator[tuple[int, ClipHeader, memoryview], None, None]:
+        """(position, header, payload) of each (video id, clip index), in order, in one read of the shard
+        (one transaction, one open file), which lasts until the iterator ends or is closed.
 
-        ``payload`` may be a view into a memory map, valid only during the
-        call. The header's stored length has been checked against the value
-        before the payload is touched. A FormatError from ``fn`` comes back
-        naming the shard and the clip.
+        ``payload`` may be a view into a memory map, valid only until the
+        next item. The header's stored length has been checked against the
+        value before the payload is touched; a value that cannot be read is
+        a FormatError naming the shard and the clip (``where``). The caller
+        names the clip of its own errors the same way.
         """
 
     @abstractmethod
@@ -418,5 +419,5 @@ class Backend:
 
 
 __all__ = ["CONTENT_KEY", "SUMMARY_KEYS", "Backend", "ClipProducer", "ContentSum", "ShardFiles", "ShardIndex",
-           "ShardReader", "ShardWriter", "Visitor", "file_sha256", "hexdigest_of", "read_back_summary",
+           "ShardReader", "ShardWriter", "file_sha256", "hexdigest_of", "read_back_summary",
            "summarize_clips"]

@@ -12,7 +12,8 @@ Imports neither torch nor PyAV.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import contextlib
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, overload
 
@@ -43,6 +44,25 @@ class ClipSample:
     label: int
     video_id: str
     clip_index: int
+
+
+@dataclass(frozen=True)
+class StoredClip:
+    """One clip as ``ClipStore.read`` hands it out: its ``position`` in the indices asked, its checked
+    ``header``, its ``payload`` (valid until the next clip) and ``where``, how errors name it (shard and clip)."""
+
+    position: int
+    header: ClipHeader
+    payload: memoryview
+    where: str
+
+    @contextlib.contextmanager
+    def named(self) -> Iterator[None]:
+        """A FormatError raised inside comes out naming this clip's shard and clip, in one line."""
+        try:
+            yield
+        except FormatError as exc:
+            raise FormatError(f"{self.where}: {exc}") from exc
 
 
 class ClipStore(Sequence):
@@ -128,7 +148,7 @@ class ClipStore(Sequence):
         """This process's reader of shard number ``shard`` (opened on first use).
 
         A remote shard is fetched first, but not held: reads that must not
-        race an eviction go through ``visit``.
+        race an eviction go through ``read``.
         """
         return self.source.reader(shard)
 
@@ -211,12 +231,18 @@ class ClipStore(Sequence):
         return (self.video_shard[v], [(ids[a], int(b)) for a, b in zip(v.tolist(), within.tolist())],
                 self.video_labels[v].tolist())
 
-    def visit(self, indices: Sequence[int], fn: Callable[[int, ClipHeader, memoryview], None]) -> None:
-        """Call ``fn(position, header, payload)`` for each index, grouped by shard.
+    def read(self, indices: Sequence[int]) -> Generator[StoredClip, None, None]:
+        """The clips ``indices`` as ``StoredClip``s (position in ``indices``, header, payload, name), grouped by
+        shard: one read of each shard (``ShardReader.read``), held until its clips are through.
 
-        ``payload`` may be a view into a shard's memory map, valid only during
-        the call (no copy is made). A ``FormatError`` raised by ``fn`` comes
-        back naming the shard and the clip.
+        The one way a clip's bytes leave the shards: the caller pulls them
+        and decodes them itself (loaders -> store -> format, nothing called
+        back). ``payload`` may be a view into a shard's memory map, valid
+        only until the next clip; a FormatError of the caller's about a clip
+        is named by ``clip.named()`` (its shard and clip), as the store names
+        its own. Close the iterator when stopping early (``with
+        contextlib.closing(...)``, or read it to its end): a shard's read is
+        held until then.
 
         Every clip's header is checked first against what the conversion
         says of it: its label must be its video record's (which is one of the
@@ -234,35 +260,34 @@ class ClipStore(Sequence):
             groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1) if order.size else []
         for group in groups:
             positions: list[int] = group.tolist()
-
-            def at(k: int, header: ClipHeader, payload: memoryview, positions: list[int] = positions) -> None:
-                pos = positions[k]
-                if header.label != labels[pos]:
-                    if not 0 <= header.label < n_classes:
-                        raise FormatError(f"label {header.label} outside the {n_classes} classes")
-                    raise FormatError(f"label {header.label}, its video record says {labels[pos]}")
-                problem = spec.shape_problem(header.shape)
-                if problem is not None:
-                    raise FormatError(problem)
-                fn(pos, header, payload)
-
             with self.source.using(int(shards[group[0]])) as reader:
-                reader.visit([refs[p] for p in positions], at)
+                clips = reader.read([refs[p] for p in positions])
+                try:
+                    for k, header, payload in clips:
+                        pos = positions[k]
+                        where = reader.where(*refs[pos])
+                        if header.label != labels[pos]:
+                            if not 0 <= header.label < n_classes:
+                                raise FormatError(f"{where}: label {header.label} outside the {n_classes} classes")
+                            raise FormatError(f"{where}: label {header.label}, its video record says {labels[pos]}")
+                        problem = spec.shape_problem(header.shape)
+                        if problem is not None:
+                            raise FormatError(f"{where}: {problem}")
+                        yield StoredClip(pos, header, payload, where)
+                finally:
+                    clips.close()  # the shard's read ends here, whatever the caller did
 
     def get(self, i: int, *, verify: bool = False) -> ClipSample:
         """Clip ``i`` decoded; ``verify`` checks its payload CRC-32 first (always, for a payload decoded by FFmpeg:
         ``Payload.crc_checked``)."""
-        got: list = []
-
-        def decode(_: int, header: ClipHeader, payload: memoryview) -> None:
-            codec = codec_for_id(header.codec_id)
-            if codec.payload.crc_checked(verify):
-                check_crc(payload, header)
-            got.append((header, np.array(codec.decode(payload, header.shape))))
-
-        self.visit([i], decode)
-        header, clip = got[0]
-        return ClipSample(clip, header.label, header.video_id, header.clip_index)
+        with contextlib.closing(self.read([i])) as clips:
+            for clip in clips:
+                with clip.named():
+                    header, codec = clip.header, codec_for_id(clip.header.codec_id)
+                    if codec.payload.crc_checked(verify):
+                        check_crc(clip.payload, header)
+                    frames = np.array(codec.decode(clip.payload, header.shape))
+        return ClipSample(frames, header.label, header.video_id, header.clip_index)
 
     def frame_shape(self, video: int) -> tuple[int, int]:
         """(H, W) of video number ``video``'s frames, from its first clip's header (nothing decoded): every clip
@@ -270,10 +295,10 @@ class ClipStore(Sequence):
         known = self._frame_shapes.get(video)
         if known is not None:
             return known
-        got: list[tuple[int, int]] = []
-        self.visit([self._video_clip(video, 0)], lambda _, header, __: got.append(header.shape[1:3]))
-        self._frame_shapes[video] = got[0]  # one header read per video and process (any thread may add one)
-        return got[0]
+        with contextlib.closing(self.read([self._video_clip(video, 0)])) as clips:
+            shape = next(clips).header.shape
+        self._frame_shapes[video] = shape[1], shape[2]  # one header read per video and process (any thread may add)
+        return shape[1], shape[2]
 
     def _video_clip(self, video: int, chunk: int) -> int:
         """The global index of clip ``chunk`` of video number ``video``."""
@@ -320,18 +345,19 @@ class ClipStore(Sequence):
         touched = np.unique(chunk)
         rows = {int(c): np.flatnonzero(chunk == c) for c in touched.tolist()}
 
-        def decode(k: int, header: ClipHeader, payload: memoryview) -> None:
-            codec = codec_for_id(header.codec_id)
-            if codec.payload.crc_checked(verify):
-                check_crc(payload, header)
-            mine = rows[int(touched[k])]
-            if mine[-1] - mine[0] + 1 == mine.size:  # the rows of this clip are a run of out: decode straight in
-                codec.frames_at(payload, header.shape, within[mine].tolist(), out[mine[0]:mine[-1] + 1], at=at)
-            else:
-                out[mine] = codec.frames_at(payload, header.shape, within[mine].tolist(),
-                                            np.empty((mine.size, *out.shape[1:]), dtype=np.uint8), at=at)
-
-        self.visit((first + touched).tolist(), decode)
+        with contextlib.closing(self.read((first + touched).tolist())) as clips:
+            for clip in clips:
+                with clip.named():
+                    header, payload = clip.header, clip.payload
+                    codec = codec_for_id(header.codec_id)
+                    if codec.payload.crc_checked(verify):
+                        check_crc(payload, header)
+                    mine, picks = rows[int(touched[clip.position])], within[rows[int(touched[clip.position])]]
+                    if mine[-1] - mine[0] + 1 == mine.size:  # this clip's rows are a run of out: decoded straight in
+                        codec.frames_at(payload, header.shape, picks.tolist(), out[mine[0]:mine[-1] + 1], at=at)
+                    else:
+                        out[mine] = codec.frames_at(payload, header.shape, picks.tolist(),
+                                                    np.empty((mine.size, *out.shape[1:]), dtype=np.uint8), at=at)
         return out
 
     @overload
@@ -364,4 +390,4 @@ def open_clips(root: str, *, cache: CacheSettings | None = None) -> ClipStore:
     return ClipStore(root, cache=cache)
 
 
-__all__ = ["ClipSample", "ClipStore", "manifest_at", "open_clips"]
+__all__ = ["ClipSample", "ClipStore", "StoredClip", "manifest_at", "open_clips"]

@@ -10,6 +10,7 @@ here: the source runs wherever DALI pickles it to.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -168,15 +169,16 @@ class _ClipSource:
 
     def __call__(self, info: Any) -> tuple[np.ndarray, ...]:
         epoch, index = self.stream.locate(int(info.idx_in_epoch))
-        out: list[tuple[np.ndarray, ...]] = []
-        self.store.visit([index], lambda _, header, payload: out.append(self._sample(header, payload, epoch, index)))
-        return out[0]
+        with contextlib.closing(self.store.read([index])) as stored:
+            clip = next(stored)
+            with clip.named():
+                return self._sample(clip.header, clip.payload, epoch, index)
 
     def _sample(self, header: ClipHeader, payload: memoryview, epoch: int, index: int) -> tuple[np.ndarray, ...]:
         p = checked_params(header, payload, self.preset, epoch, index, verify=self.verify)
         codec = codec_for_id(header.codec_id)
         t = p.t if p.t is not None else header.shape[0] - p.t0
-        # Copies: the payload is a view into the shard, valid only inside visit().
+        # Copies: the payload is a view into the shard, valid only until the store reads on (ClipStore.read).
         if self.in_dali:
             offsets, sizes, skip = codec.window_parts(payload, header.shape, p.t0, t)
             # DALI's decoders size their output by the pictures: what the parts say of theirs is checked first.

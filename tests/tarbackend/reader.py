@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import BinaryIO
 
-from convert.format.base import ShardReader, Visitor, changed_error, file_identity
+from convert.format.base import ShardReader, changed_error, file_identity
 from convert.format.errors import FormatError, ShardMissing
 from convert.format.layout import ClipHeader, unpack_header
 from convert.format.records import VideoRecord
@@ -77,14 +77,11 @@ class TarReader(ShardReader):
         if (file_identity(self._index_path), file_identity(self._data)) != self._identity:
             raise changed_error(self.path)
 
-    def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
+    def read(self, clips: Sequence[tuple[str, int]]) -> Generator[tuple[int, ClipHeader, memoryview], None, None]:
         with self._archive() as fh:
             for pos, (vid, c) in enumerate(clips):
                 _, head, payload = self._clip(fh, vid, c)
-                try:
-                    fn(pos, head, payload)
-                except FormatError as exc:
-                    raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
+                yield pos, head, payload
 
     def iter_clips(self) -> Iterator[tuple[bytes, ClipHeader, memoryview]]:
         with self._archive() as fh:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, cast
 
 import lmdb
 
-from ..base import ShardReader, Visitor, changed_error, file_identity
+from ..base import ShardReader, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
 from ..layout import MAX_JSON_BYTES, ClipHeader, unpack_header
 from ..records import VideoRecord
@@ -131,15 +131,12 @@ class LmdbReader(ShardReader):
         if file_identity(os.path.join(self.path, DATA_FILE)) != self._identity:
             raise changed_error(self.path)
 
-    def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
+    def read(self, clips: Sequence[tuple[str, int]]) -> Generator[tuple[int, ClipHeader, memoryview], None, None]:
         self.check_unchanged()
         with self._reading(), self._txn() as txn:
             for pos, (vid, c) in enumerate(clips):
                 value, header = self._value(txn, vid, c)
-                try:
-                    fn(pos, header, value[header.offset:])
-                except FormatError as exc:
-                    raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
+                yield pos, header, value[header.offset:]
 
     def iter_clips(self) -> Iterator[tuple[memoryview | bytes, ClipHeader, memoryview]]:
         self.check_unchanged()

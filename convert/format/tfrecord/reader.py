@@ -6,11 +6,11 @@ import mmap
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 import numpy as np
 
-from ..base import ShardFiles, ShardReader, Visitor, changed_error, file_identity
+from ..base import ShardFiles, ShardReader, changed_error, file_identity
 from ..errors import FormatError, ShardMissing
 from ..layout import ClipHeader, read_json_file, unpack_header
 from ..parts import COMMIT, PartLog, latest_records, part_name
@@ -174,14 +174,14 @@ class TFRecordReader(ShardReader):
         if file_identity(self.path) != self._identity:
             raise changed_error(self.path)
 
-    def visit(self, clips: Sequence[tuple[str, int]], fn: Visitor) -> None:
+    def read(self, clips: Sequence[tuple[str, int]]) -> Generator[tuple[int, ClipHeader, memoryview], None, None]:
         self.check_unchanged()
         for pos, (vid, c) in enumerate(clips):
             try:
                 _, head, payload = self._clip(vid, c)
-                fn(pos, head, payload)
             except FormatError as exc:
                 raise FormatError(f"{self.where(vid, c)}: {exc}") from exc
+            yield pos, head, payload
 
     def iter_clips(self) -> Iterator[tuple[memoryview, ClipHeader, memoryview]]:
         self.check_unchanged()
