@@ -26,6 +26,7 @@ model.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -355,6 +356,10 @@ class TrainConfig:
             raise TrainError(f"--crop-size {self.crop_size} must be a multiple of --downsample {self.downsample}")
         self._check_model()
         self.scales()  # --crop-scales parses
+        try:
+            parse_protocol(self.eval_protocol)  # a settings object built without the command line is checked too
+        except argparse.ArgumentTypeError as exc:
+            raise TrainError(str(exc)) from None
         if self.short_side_bounds() is not None and self.crop_scales is not None:
             raise TrainError("--short-side-scale and --crop-scales are two ways to scale the crop: give one")
         if self.early_stop is not None and (not self.val_data or not self.eval_every):
