@@ -1,5 +1,6 @@
 """Elastic resume in the loaders: an epoch begun on W ranks and finished on W' ranks (and another per-rank batch
-with the same global batch) reads every clip of the epoch exactly once, with the crops of an unbroken epoch.
+with the same global batch) reads every clip of the epoch exactly once, with the crops of an unbroken epoch;
+samples of videos (a SampleSpec's windows) too, with the frames of an unbroken epoch.
 
 Each loader the trainer builds is tried: reader threads and DataLoader worker processes (``build_loader``,
 the sampler holding the position) and DALI's source route (its own position, the sampler's order), on the
@@ -19,6 +20,7 @@ import torch
 
 from loaders import ClipDataset, ClipPreset, DistributedClipSampler, build_loader
 from loaders.sampler import elastic_position
+from loaders.sampling import SampleSpec
 
 from .train_fixtures import tiny_data, tiny_tfrecord  # noqa: F401
 
@@ -40,9 +42,11 @@ class _Rank:
             close()
 
 
-def _sampler_rank(root: str, kind: str) -> Callable[[int, int, int], _Rank]:
+def _sampler_rank(root: str, kind: str, spec: SampleSpec | None = None) -> Callable[[int, int, int], _Rank]:
     preset = ClipPreset(train=True, crop_size=32, seed=SEED)
-    ds = ClipDataset(root, train=True, preset=preset, seed=SEED)
+    ds = ClipDataset(root, train=True, preset=preset, seed=SEED, spec=spec)
+    if len(ds) != N:
+        raise ValueError(f"the cases assume {N} samples an epoch, got {len(ds)}")
 
     def make(rank: int, world: int, batch: int) -> _Rank:
         sampler = DistributedClipSampler(N, num_replicas=world, rank=rank, seed=SEED, drop_last=True)
@@ -54,7 +58,7 @@ def _sampler_rank(root: str, kind: str) -> Callable[[int, int, int], _Rank]:
     return make
 
 
-def _dali_rank(root: str) -> Callable[[int, int, int], _Rank]:
+def _dali_rank(root: str, spec: SampleSpec | None = None) -> Callable[[int, int, int], _Rank]:
     pytest.importorskip("nvidia.dali")
     from loaders.dali import DaliClipLoader
 
@@ -62,7 +66,7 @@ def _dali_rank(root: str) -> Callable[[int, int, int], _Rank]:
 
     def make(rank: int, world: int, batch: int) -> _Rank:
         loader = DaliClipLoader(root, train=True, batch_size=batch, preset=preset, rank=rank, world_size=world,
-                                seed=SEED, workers=0)
+                                seed=SEED, workers=0, spec=spec)
         return _Rank(loader, loader)
 
     return make
@@ -114,11 +118,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["threads", "processes", "dali-source"])
+# Samples of videos (SampleSpec): 16 frames at step 2 from anywhere in each of the 20 videos, 2 per video per
+# epoch: 40 samples, as the 40 stored clips.
+WINDOWS = SampleSpec(frames=16, step=2, rule="window", clips_per_video=2)
+
+
+@pytest.mark.parametrize("kind, spec", [("threads", None), ("processes", None), ("dali-source", None),
+                                        ("threads", WINDOWS), ("dali-source", WINDOWS)],
+                         ids=["threads", "processes", "dali-source", "threads-windows", "dali-source-windows"])
 @pytest.mark.parametrize("before, after, steps", CASES)
-def test_an_epoch_continued_on_another_rank_count_reads_every_clip_once(tiny_data, kind, before,  # noqa: F811
+def test_an_epoch_continued_on_another_rank_count_reads_every_clip_once(tiny_data, kind, spec, before,  # noqa: F811
                                                                          after, steps):
-    make = _dali_rank(tiny_data) if kind == "dali-source" else _sampler_rank(tiny_data, kind)
+    make = _dali_rank(tiny_data, spec) if kind == "dali-source" else _sampler_rank(tiny_data, kind, spec)
     crops, states = _halves(make, before, after, steps)
     global_batch = before[0] * before[1]
     assert global_batch == after[0] * after[1]
