@@ -27,6 +27,8 @@ from .keyed import KeyedDraws
 KINETICS_MEAN = tuple(v * 255 for v in (0.43216, 0.394666, 0.37645))
 KINETICS_STD = tuple(v * 255 for v in (0.22803, 0.22145, 0.216989))
 SPATIAL_CROPS = (1, 3)
+# The aspect ratios (width / height) a random-resized crop draws from: torchvision's and mmaction2's.
+RESIZED_RATIO = (3 / 4, 4 / 3)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,12 @@ class ClipPreset:
     last (right, or bottom); the short side is centred. ``mean``/``std`` are
     per RGB channel in 0..255 units.
 
+    ``random_resized`` (lo, hi), training only (evaluation takes the
+    centre crop_size square): Inception's random-resized crop, as
+    torchvision's and mmaction2's RandomResizedCrop: a region of lo..hi of
+    the frame's area and an aspect ratio in ``RESIZED_RATIO``, at a random
+    place, resized to crop_size with a filtered downscale.
+
     ``short_side`` (lo, hi): the frames are taken as resized so that their
     short side is S before the crop, as PySlowFast's and PyTorchVideo's
     short-side scale does: in training S is drawn from lo..hi (its jitter;
@@ -99,6 +107,7 @@ class ClipPreset:
     seed: int = 0
     spatial_crops: int = 1
     short_side: tuple[int, int] | None = None
+    random_resized: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.train, bool):
@@ -133,15 +142,24 @@ class ClipPreset:
             if self.multiscale is not None:
                 raise ValueError("short_side and multiscale are two ways to scale the crop: give one")
             object.__setattr__(self, "short_side", bounds)
+        if self.random_resized is not None:
+            area = tuple(float(a) for a in self.random_resized)
+            if len(area) != 2 or not 0.0 < area[0] <= area[1] <= 1.0:
+                raise ValueError(f"random_resized must be (lo, hi), fractions of the frame's area with 0 < lo <= hi "
+                                 f"<= 1, e.g. (0.08, 1.0); got {self.random_resized!r}")
+            if self.multiscale is not None or self.short_side is not None:
+                raise ValueError("random_resized, multiscale and short_side are ways to scale the crop: give one")
+            object.__setattr__(self, "random_resized", area)
         if self.spatial_crops not in SPATIAL_CROPS or (self.train and self.spatial_crops != 1):
             raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 for evaluation only), "
                              f"got {self.spatial_crops!r}")
 
     @property
     def resizes(self) -> bool:
-        """Whether a cut may be resized to crop_size (``multiscale`` in training, ``short_side``): what a reader
-        that cuts and resizes in separate steps (DALI) asks."""
-        return (self.train and self.multiscale is not None) or self.short_side is not None
+        """Whether a cut may be resized to crop_size (``multiscale`` or ``random_resized`` in training,
+        ``short_side``): what a reader that cuts and resizes in separate steps (DALI) asks."""
+        return (self.train and (self.multiscale is not None or self.random_resized is not None)) \
+            or self.short_side is not None
 
     def out_shape(self, stored_frames: int) -> tuple[int, int, int, int]:
         """(T, H, W, 3) of what ``apply`` returns for clips of ``stored_frames`` frames."""
@@ -194,13 +212,39 @@ class ClipPreset:
             side = self._scaled_side(lo + rng.integers(hi - lo + 1), h_all, w_all)
             if side != self.crop_size:
                 out_size = (self.crop_size, self.crop_size)
-        else:
+        elif self.random_resized is None:
             side = self._check_fits(self.crop_size, h_all, w_all)
-        y0 = rng.integers(h_all - side + 1)
-        x0 = rng.integers(w_all - side + 1)
+        if self.random_resized is not None:
+            h, w = self._resized_region(rng, h_all, w_all, self.random_resized)
+            out_size = (self.crop_size, self.crop_size)
+        else:
+            h = w = side
+        y0 = rng.integers(h_all - h + 1)
+        x0 = rng.integers(w_all - w + 1)
         flip = rng.uniform() < 0.5 and self.flip
-        return CropParams(t0, y0, x0, side, side, flip, t=length, out_size=out_size,
-                          antialias=out_size is not None and self.short_side is not None)
+        return CropParams(t0, y0, x0, h, w, flip, t=length, out_size=out_size,
+                          antialias=out_size is not None and self.multiscale is None)
+
+    @staticmethod
+    def _resized_region(rng: KeyedDraws, h_all: int, w_all: int, areas: tuple[float, float]) -> tuple[int, int]:
+        """(h, w) of an Inception-style random-resized crop (torchvision's RandomResizedCrop, mmaction2's
+        RandomResizedCrop): an area of ``areas`` of the frame's and an aspect ratio in ``RESIZED_RATIO``
+        (drawn log-uniformly), up to ten tries, two draws each, for a region inside the frame; then the
+        frame's centre at its aspect clamped into that range."""
+        area = h_all * w_all
+        lo, hi = (math.log(r) for r in RESIZED_RATIO)
+        for _ in range(10):
+            target = area * (areas[0] + rng.uniform() * (areas[1] - areas[0]))
+            ratio = math.exp(lo + rng.uniform() * (hi - lo))
+            w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+            if 0 < w <= w_all and 0 < h <= h_all:
+                return h, w
+        ratio = w_all / h_all
+        if ratio < RESIZED_RATIO[0]:
+            return int(round(w_all / RESIZED_RATIO[0])), w_all
+        if ratio > RESIZED_RATIO[1]:
+            return h_all, int(round(h_all * RESIZED_RATIO[1]))
+        return h_all, w_all
 
     def _scaled_side(self, short_side: int, h: int, w: int) -> int:
         """The square of frames of h x w that becomes the crop_size square once the frames are resized to a

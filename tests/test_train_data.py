@@ -156,7 +156,9 @@ def test_sampling_settings_that_do_not_go_together_are_refused(tiny_data, tmp_pa
                          (["--frame-step", "2"], "--frame-step 2 is for --sampling window"),
                          (["--short-side-scale", "20"], "--crop-size 32 <= LO <= HI"),
                          (["--short-side-scale", "40,36"], "--crop-size 32 <= LO <= HI"),
-                         (["--short-side-scale", "36", "--crop-scales", "1,0.8"], "give one")]:
+                         (["--short-side-scale", "36", "--crop-scales", "1,0.8"], "give one"),
+                         (["--random-resized-crop", "0.08"], "expected LO,HI"),
+                         (["--random-resized-crop", "0.5,1", "--short-side-scale", "36"], "give one")]:
         code = main(common(tiny_data, tmp_path / "run") + extra + ["--max-steps", "1"])
         assert code == 2
         assert words in capsys.readouterr().err
@@ -188,6 +190,9 @@ def test_a_short_side_scale_in_the_trainer(tiny_data, tmp_path):
     cfg = cpu_config(argv)
     assert make_preset(cfg, True).short_side == (36, 48) and make_preset(cfg, False).short_side == (36, 36)
     assert run_argv(argv)["step"] == 2
+    resized = cpu_config(common(tiny_data, tmp_path / "r") + ["--random-resized-crop", "0.08,1", "--batch-size", "8"])
+    assert make_preset(resized, True).random_resized == (0.08, 1.0)
+    assert make_preset(resized, False).random_resized is None
 
 
 def test_the_model_registry_carries_each_networks_sampling_and_flags_override_it(tiny_data, tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ def test_settings_added_later_are_declared_with_the_value_old_checkpoints_load_w
                                         "force_resume": False, "pad_last_batch": False, "cache_dir": None,
                                         "cache_limit": None, "model": "c3d", "inflate_from": None,
                                         "crop_scales": None, "sampling": "clips", "frame_step": 1,
-                                        "short_side_scale": None}
+                                        "short_side_scale": None, "random_resized_crop": None}
 
 
 def test_a_config_checks_what_its_declarations_say():

@@ -17,7 +17,7 @@ from convert.format.options import OneLineParser, add_options, settings
 from loaders import default_threads
 
 from .config import TrainConfig
-from .data import DataShape, cache_settings, check_dataset, dataset_info, epoch_share
+from .data import DataShape, cache_settings, check_dataset, dali_route, dataset_info, epoch_share
 from .dist import DistInfo
 from .errors import TrainError
 from .models import model_spec
@@ -99,7 +99,9 @@ def resolve_config(args: argparse.Namespace, info: DistInfo, shape: DataShape | 
         declared[name].check(getattr(args, name), TrainError)
     pad, samples = epoch_share(root, shape, loader=args.loader, epoch_mode=args.epoch_mode,
                                clips_per_video=args.clips_per_video, seed=args.seed, info=info,
-                               sampling=sampling, dali_route="source" if args.short_side_scale else "auto")
+                               sampling=sampling, dali_route=dali_route(
+                                   sampling=sampling, short_side_scale=args.short_side_scale,
+                                   random_resized_crop=args.random_resized_crop))
     auto = args.batch_size == "auto"
     given.update(
         clip_len=clip_len, crop_size=crop, device=str(device), dist_backend=info.backend,

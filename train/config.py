@@ -173,6 +173,11 @@ class TrainConfig:
               "--crop-size * short / S of the stored frame, resized to --crop-size with a filtered downscale; "
               "e.g. 256,320 from a --short-side 320 conversion (default: crops cut as they are stored)",
         metavar="LO[,HI]", added_later=None)
+    random_resized_crop: str | None = option(
+        DATA, "training crops as Inception's random-resized crop (torchvision's and mmaction2's "
+              "RandomResizedCrop, MViT's and VideoMAE's recipes): a region of LO..HI of the frame's area at an "
+              "aspect ratio of 3/4..4/3, resized to --crop-size (evaluation: the centre --crop-size square); "
+              "e.g. 0.08,1", metavar="LO,HI", added_later=None)
     # -- model ------------------------------------------------------------------
     # Checkpoints written before the registry are C3D's.
     model: str = option(
@@ -360,8 +365,11 @@ class TrainConfig:
             parse_protocol(self.eval_protocol)  # a settings object built without the command line is checked too
         except argparse.ArgumentTypeError as exc:
             raise TrainError(str(exc)) from None
-        if self.short_side_bounds() is not None and self.crop_scales is not None:
-            raise TrainError("--short-side-scale and --crop-scales are two ways to scale the crop: give one")
+        given = [flag for flag, value in (("--crop-scales", self.crop_scales),
+                                          ("--short-side-scale", self.short_side_bounds()),
+                                          ("--random-resized-crop", self.resized_areas())) if value is not None]
+        if len(given) > 1:
+            raise TrainError(f"{' and '.join(given)} are ways to scale the crop: give one")
         if self.early_stop is not None and (not self.val_data or not self.eval_every):
             raise TrainError("--early-stop PATIENCE needs PATIENCE >= 1, --val-data and --eval-every >= 1")
         resolved = [self.batch_size, self.steps_per_epoch, self.lr_plan]
@@ -408,6 +416,20 @@ class TrainConfig:
             raise TrainError(f"--short-side-scale {self.short_side_scale}: expected LO or LO,HI, whole pixels with "
                              f"--crop-size {self.crop_size} <= LO <= HI")
         return bounds
+
+    def resized_areas(self) -> tuple[float, float] | None:
+        """``--random-resized-crop`` as (lo, hi) (None when not given); a one-line TrainError when it does not
+        parse."""
+        if self.random_resized_crop is None:
+            return None
+        try:
+            parts = tuple(float(part) for part in self.random_resized_crop.split(","))
+        except ValueError:
+            parts = ()
+        if len(parts) != 2 or not 0.0 < parts[0] <= parts[1] <= 1.0:
+            raise TrainError(f"--random-resized-crop {self.random_resized_crop}: expected LO,HI, fractions of the "
+                             f"frame's area with 0 < LO <= HI <= 1, e.g. 0.08,1")
+        return parts[0], parts[1]
 
     def _model_defaults(self) -> None:
         # --crop-size and --dropout not given (None) are the --model's: they depend on no machine or data, so the

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 __all__ = ["DataShape", "EvalData", "TrainData", "build_eval_data", "build_train_data", "check_dataset",
-           "cache_settings", "data_identity", "dataset_info", "epoch_share", "train_sampler"]
+           "cache_settings", "dali_route", "data_identity", "dataset_info", "epoch_share",
+           "train_sampler"]
 
 
 def cache_settings(options: Any) -> CacheSettings:
@@ -243,7 +244,7 @@ def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, cl
     and the partial last batch (``train_sampler``). With ``sampling`` other
     than clips an epoch is ``clips_per_video`` samples of each video, read
     by the sampler's loaders (DALI's source route included). ``dali_route``:
-    the route ``--loader dali`` takes (``_dali_route``).
+    the route ``--loader dali`` takes (``dali_route``).
     """
     if sampling != "clips":
         try:
@@ -375,6 +376,7 @@ def make_preset(cfg: TrainConfig, train: bool) -> ClipPreset:
         kwargs["flip"] = not cfg.no_flip
         kwargs["multiscale"] = cfg.scales()
         kwargs["short_side"] = bounds
+        kwargs["random_resized"] = cfg.resized_areas()
     else:
         kwargs["spatial_crops"] = protocol_views(cfg.eval_protocol, cfg.eval_clips)[1]
         kwargs["short_side"] = None if bounds is None else (bounds[0], bounds[0])
@@ -396,10 +398,17 @@ def _dali_device(info: DistInfo) -> int | None:
     return info.device.index if info.device.type == "cuda" else None
 
 
-def _dali_route(spec: SampleSpec | None, preset: ClipPreset) -> str:
-    # Samples of videos are assembled by the source route; DALI's native reader hands over single records, and
-    # draws its own crops (without a short-side scale).
-    return "auto" if spec is None and preset.short_side is None else "source"
+def dali_route(*, sampling: str, short_side_scale: str | None, random_resized_crop: str | None) -> str:
+    """The route ``--loader dali`` takes (``loaders.dali.route_for``'s ``route``): samples of videos, and crops
+    that DALI's native reader does not draw (it hands over single records and draws its own crops, without a
+    short-side scale or a random-resized crop), go through the source route."""
+    native_can = sampling == "clips" and short_side_scale is None and random_resized_crop is None
+    return "auto" if native_can else "source"
+
+
+def _cfg_route(cfg: TrainConfig) -> str:
+    return dali_route(sampling=cfg.sampling, short_side_scale=cfg.short_side_scale,
+                      random_resized_crop=cfg.random_resized_crop)
 
 
 def _spec_kw(spec: SampleSpec | None) -> dict[str, Any]:
@@ -438,7 +447,7 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
             # The DALI reader shards by rank itself (DistributedClipSampler's order)
             # and offers the sampler's set_epoch / set_position / state_dict.
             spec = make_sample_spec(cfg, train=True)
-            route = _dali_route(spec, preset)
+            route = _cfg_route(cfg)
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
@@ -480,8 +489,7 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg), route=_dali_route(spec, preset),
-                                     **_spec_kw(spec))
+                                     cache=cache_settings(cfg), route=_cfg_route(cfg), **_spec_kw(spec))
             count = int(loader.num_clips) if spec is None else len(loader.samples)
             return EvalData(loader, list(loader.classes), preset.mean, preset.std, count, protocol)
         ds = _dataset(root, False, preset, cfg)

@@ -366,10 +366,10 @@ class DaliTFRecordLoader(DaliLoaderBase):
                  prefetch: int = 2, normalize: bool = False, shuffle_buffer_mb: float = 256.0,
                  cache: CacheSettings | None = None, spec: SampleSpec | None = None) -> None:
         threads = check_int("threads", threads, 1)
-        if preset is not None and preset.short_side is not None:
+        if preset is not None and (preset.short_side is not None or preset.random_resized is not None):
             raise ValueError(f"{root}: DALI's native TFRecord route draws its crops with DALI's own generators and "
-                             f"has no short-side scale; a preset with short_side is read by the source route "
-                             f"(route='source': DaliClipLoader) or by ClipDataset's readers")
+                             f"has no short-side scale or random-resized crop; such a preset is read by the source "
+                             f"route (route='source': DaliClipLoader) or by ClipDataset's readers")
         if spec is not None and spec.rule != "clips":
             # DALI's reader hands over one record at a time: a sample assembled from several of a video's clips
             # (and drawn per video, not per record) is not one it can make.

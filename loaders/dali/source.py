@@ -111,10 +111,10 @@ def _build_pipeline(source: SampleSource, *, graph: Graph, frames: int, batch_si
             # Every cut is resized, including those already crop_size wide
             # (an identity: half-pixel centres map each pixel onto itself).
             side = preset.crop_size
-            # The short-side scale stands for resizing whole frames: filtered as a downscale should be
+            # The short-side scale and the random-resized crop are filtered as a downscale should be
             # (presets.resize_antialiased); the multi-scale crop is OpenCV's INTER_LINEAR, unfiltered.
             clips = fn.resize(clips, size=[side, side], interp_type=types.INTERP_LINEAR,
-                              antialias=preset.short_side is not None)
+                              antialias=preset.multiscale is None)
         if normalize:
             clips = fn.crop_mirror_normalize(clips, mean=list(preset.mean), std=list(preset.std),
                                              dtype=types.FLOAT, output_layout="CFHW")
