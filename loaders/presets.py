@@ -26,7 +26,7 @@ from .keyed import KeyedDraws
 # scaled here to 0..255 because the clips stay uint8 until the device.
 KINETICS_MEAN = tuple(v * 255 for v in (0.43216, 0.394666, 0.37645))
 KINETICS_STD = tuple(v * 255 for v in (0.22803, 0.22145, 0.216989))
-SPATIAL_CROPS = (1, 3)
+SPATIAL_CROPS = (1, 3, 10)
 # The aspect ratios (width / height) a random-resized crop draws from: torchvision's and mmaction2's.
 RESIZED_RATIO = (3 / 4, 4 / 3)
 
@@ -77,7 +77,10 @@ class ClipPreset:
     as torchvision's CenterCrop; with ``spatial_crops=3`` (the usual 3-crop
     test protocol) the item's epoch number selects one of three squares along
     the long side: 0 the first (left, or top when H > W), 1 the centre, 2 the
-    last (right, or bottom); the short side is centred. ``mean``/``std`` are
+    last (right, or bottom); the short side is centred; with
+    ``spatial_crops=10`` (TSN's and torchvision's TenCrop) 0-3 are the
+    corners (top-left, top-right, bottom-left, bottom-right), 4 the centre and
+    5-9 the same five flipped. ``mean``/``std`` are
     per RGB channel in 0..255 units.
 
     ``random_resized`` (lo, hi), training only (evaluation takes the
@@ -151,7 +154,7 @@ class ClipPreset:
                 raise ValueError("random_resized, multiscale and short_side are ways to scale the crop: give one")
             object.__setattr__(self, "random_resized", area)
         if self.spatial_crops not in SPATIAL_CROPS or (self.train and self.spatial_crops != 1):
-            raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 for evaluation only), "
+            raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 and 10 for evaluation only), "
                              f"got {self.spatial_crops!r}")
 
     @property
@@ -186,15 +189,21 @@ class ClipPreset:
             else:
                 side = self._check_fits(self.crop_size, h_all, w_all)
             y0, x0 = _centre(h_all, side), _centre(w_all, side)
+            flip = False
+            if self.spatial_crops != 1 and not 0 <= epoch < self.spatial_crops:
+                raise ValueError(f"with spatial_crops={self.spatial_crops} the item's epoch selects the crop "
+                                 f"(0..{self.spatial_crops - 1}), got {epoch}")
             if self.spatial_crops == 3:
-                if epoch not in (0, 1, 2):
-                    raise ValueError(f"with spatial_crops=3 the item's epoch selects the crop (0, 1 or 2), "
-                                     f"got {epoch}")
                 if h_all > w_all:
                     y0 = (0, y0, h_all - side)[epoch]
                 else:
                     x0 = (0, x0, w_all - side)[epoch]
-            return CropParams(_centre(t_all, length), y0, x0, side, side, False, t=length, out_size=out_size,
+            elif self.spatial_crops == 10:
+                # torchvision's TenCrop: the four corners and the centre, then the same five flipped.
+                y0, x0 = ((0, 0), (0, w_all - side), (h_all - side, 0), (h_all - side, w_all - side), (y0, x0))[
+                    epoch % 5]
+                flip = epoch >= 5
+            return CropParams(_centre(t_all, length), y0, x0, side, side, flip, t=length, out_size=out_size,
                               antialias=out_size is not None)
         if epoch < 0 or index < 0:
             raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")

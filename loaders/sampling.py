@@ -64,7 +64,8 @@ class SampleSpec:
       at ``int((k + 0.5) * (L - span + 1) / views)``).
     - ``"segments"`` (TSN, TSM): the video cut into ``frames`` equal segments,
       one frame of each: a random one in training, the centre one in
-      evaluation (``step`` unused, 1).
+      evaluation (with ``views`` N, view k takes the frame ``(k + 0.5) / N``
+      of the way into each; ``step`` unused, 1).
 
     ``alpha`` (SlowFast): the sample is the fast pathway; the slow pathway is
     every ``alpha``-th of its frames (``slow_indices``), read once with it.
@@ -198,8 +199,9 @@ class VideoSamples:
                 size = length / n
                 idx = np.array([int(k * size) + draws.integers(max(1, int((k + 1) * size) - int(k * size)))
                                 for k in range(n)], dtype=np.int64)
-            else:
-                idx = ((np.arange(n) + 0.5) * (length / n)).astype(np.int64)
+            else:  # view k of N: the frame (k + 0.5) / N of the way into each segment (N = 1: its centre)
+                offset = (i % self.per_video + 0.5) / self.per_video
+                idx = ((np.arange(n) + offset) * (length / n)).astype(np.int64)
         return idx % int(self.lengths[v])  # SHORT_RULE: a video shorter than the span loops
 
     def problem(self) -> str | None:

@@ -245,8 +245,20 @@ def test_three_spatial_crops_along_the_long_side():
     assert plain.params(5, 7, (16, 40, 52)) == got[1]
     with pytest.raises(ValueError, match="selects the crop"):
         wide.params(3, 0, (16, 40, 52))
-    with pytest.raises(ValueError, match="3 for evaluation only"):
+    with pytest.raises(ValueError, match="3 and 10 for evaluation only"):
         ClipPreset(train=True, spatial_crops=3)
     # The pixels: the right view of a clip is its last 32 columns.
     clip = _clip((16, 40, 52, 3))
     assert np.array_equal(apply(clip, got[2]), clip[:, 4:36, 20:52])
+
+
+def test_ten_spatial_crops_are_the_corners_and_the_centre_each_also_flipped():
+    """spatial_crops=10 (TenCrop): 0-3 the corners, 4 the centre, 5-9 the same five mirrored."""
+    ten = ClipPreset(train=False, crop_size=32, spatial_crops=10)
+    got = [ten.params(s, 7, (16, 40, 52)) for s in range(10)]
+    corners = [(0, 0), (0, 20), (8, 0), (8, 20), (4, 10)]
+    assert [(p.y0, p.x0) for p in got] == corners * 2 and [p.flip for p in got] == [False] * 5 + [True] * 5
+    clip = _clip((16, 40, 52, 3))
+    assert np.array_equal(apply(clip, got[8]), clip[:, 8:40, 20:52][:, :, ::-1])
+    with pytest.raises(ValueError, match=r"selects the crop \(0..9\)"):
+        ten.params(10, 0, (16, 40, 52))

@@ -74,6 +74,8 @@ def test_windows_views_and_segments_follow_the_recipes():
     assert [int(views.indices(0, k)[0]) for k in range(3)] == [11, 35, 58]
     segs = VideoSamples(spec=SampleSpec(frames=8, rule="segments"), lengths=np.array([80]), train=False)
     assert segs.indices(0, 0).tolist() == [5, 15, 25, 35, 45, 55, 65, 75]
+    two = VideoSamples(spec=SampleSpec(frames=8, rule="segments", views=2), lengths=np.array([80]), train=False)
+    assert [two.indices(0, k).tolist()[:3] for k in range(2)] == [[2, 12, 22], [7, 17, 27]]  # a quarter, 3 quarters
     segs_train = VideoSamples(spec=SampleSpec(frames=8, rule="segments"), lengths=np.array([80]), train=True)
     got = segs_train.indices(4, 0)
     assert all(10 * k <= int(f) < 10 * (k + 1) for k, f in enumerate(got))

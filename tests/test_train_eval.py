@@ -71,8 +71,9 @@ def test_protocol_is_stated_in_the_console_and_the_eval_file(tiny_data, tmp_path
 
 
 def test_every_reported_protocol_is_one_option_value(tiny_data, tmp_path, capsys):
-    """NxM: N views per video x M crops (1 centred, 3 along the long side), over stored clips or over samples of
-    the videos' timelines; a value the trainer cannot score (10 crops, no NxM) is refused in one line."""
+    """NxM: N views per video x M crops (1 centred, 3 along the long side, 10 the corners and centre each also
+    flipped), over stored clips or over samples of the videos' timelines; a value the trainer cannot score (5
+    crops, no NxM) is refused in one line."""
     from train.main import main
 
     info = DistInfo(0, 1, 0, CPU, None)
@@ -81,10 +82,13 @@ def test_every_reported_protocol_is_one_option_value(tiny_data, tmp_path, capsys
                                (["--eval-protocol", "4x3", "--sampling", "window", "--clip-len", "16",
                                  "--frame-step", "2"], "4x3", 20 * 4 * 3),
                                (["--eval-protocol", "5x1", "--sampling", "segments", "--clip-len", "16"], "5x1",
-                                20 * 5)]:
+                                20 * 5),
+                               (["--eval-protocol", "1x10", "--sampling", "segments", "--clip-len", "16"], "1x10",
+                                20 * 10),
+                               (["--eval-protocol", "2x10"], "2x10", 20 * 2 * 10)]:
         cfg = cpu_config(common(tiny_data, tmp_path) + extra + ["--batch-size", "8"])
         data = build_eval_data(tiny_data, cfg, info)
         assert data.protocol["name"] == name and data.num_clips == count, (extra, data.protocol)
-    for bad, words in [("25x10", "10 spatial crops is not one of 1, 3"), ("ten", "expected clips or NxM")]:
+    for bad, words in [("25x5", "5 spatial crops is not one of 1, 3, 10"), ("ten", "expected clips or NxM")]:
         code = main(common(tiny_data, tmp_path / "r") + ["--eval-protocol", bad, "--max-steps", "1"])
         assert code == 2 and words in capsys.readouterr().err

@@ -4,7 +4,8 @@
 protocols papers report: 10x3, 4x3, 5x3, 2x3, 8x1...) scores N temporal
 views of each video (uniformly spaced stored clips, or with ``--sampling
 window`` or ``segments`` N samples of the video's timeline spread evenly)
-times M spatial crops: 1 (the centre) or 3 (along the frame's long side).
+times M spatial crops: 1 (the centre), 3 (along the frame's long side) or
+10 (the corners and the centre, each also flipped: TSN's 25x10).
 ``10x3`` takes its N from ``--eval-clips``, as before the other values
 existed. The video score is the mean softmax over a video's views.
 """
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 PROTOCOLS = ("clips", "10x3")  # the names; any NxM with M in SPATIAL is taken too (parse_protocol)
-SPATIAL = (1, 3)
+SPATIAL = (1, 3, 10)
 _NXM = re.compile(r"([1-9][0-9]{0,3})x([0-9]+)")
 
 
@@ -27,7 +28,7 @@ def parse_protocol(text: str) -> str:
     m = _NXM.fullmatch(text)
     if text == "clips" or (m is not None and int(m.group(2)) in SPATIAL):
         return text
-    why = (f"{m.group(2)} spatial crops is not one of {', '.join(map(str, SPATIAL))} (10-crop is not built)"
+    why = (f"{m.group(2)} spatial crops is not one of {', '.join(map(str, SPATIAL))}"
            if m is not None else "expected clips or NxM, e.g. 10x3, 4x3, 2x3, 8x1")
     raise argparse.ArgumentTypeError(f"--eval-protocol {text}: {why}")
 
@@ -46,17 +47,17 @@ def describe_protocol(name: str, clips_per_video: int, crop_size: int, spec: Any
     """The evaluation protocol as it goes into the console line and ``eval/*.json``; ``spec`` the samples'
     ``SampleSpec`` where they are samples of videos (``--sampling window`` or ``segments``)."""
     views, crops = protocol_views(name, clips_per_video)
+    where = {1: "centred", 3: "along the long side", 10: "at the corners and centre, each also flipped"}[crops]
     if spec is not None:
         what = {"window": f"{spec.views} {spec.frames}x{spec.step} window(s) spread evenly",
-                "segments": f"{spec.frames} segments, the centre frame of each"}[spec.rule]
+                "segments": f"{spec.frames} segments, {spec.views} frame(s) of each spread evenly"}[spec.rule]
         return {"name": f"{spec.views}x{crops}", "clips_per_video": spec.views, "spatial_crops": crops,
                 "crop_size": crop_size, "sampling": spec.to_dict(),
                 "text": f"per video {what} x {crops} {crop_size}x{crop_size} crop{'s' if crops > 1 else ''}"
-                        f"{' along the long side' if crops == 3 else ', centred'}; video score = mean softmax"}
+                        f" {where}; video score = mean softmax"}
     if name == "clips":
         return {"name": "clips", "clips_per_video": "all", "spatial_crops": 1, "crop_size": crop_size,
                 "text": f"every stored clip, centre {crop_size}x{crop_size} crop; video score = mean softmax"}
-    where = "along the long side" if crops == 3 else "centred"
     return {"name": f"{views}x{crops}", "clips_per_video": views, "spatial_crops": crops,
             "crop_size": crop_size,
             "text": f"{views} uniformly spaced stored clips per video (all when fewer) x {crops} spatial "
