@@ -181,10 +181,11 @@ class TrainConfig:
     # -- model ------------------------------------------------------------------
     # Checkpoints written before the registry are C3D's.
     model: str = option(
-        MODEL, "the network (train.models.MODELS): c3d (Tran et al. 2015), r3d_18, mc3_18, r2plus1d_18 "
-               "(torchvision's video ResNets, its parameter names) or i3d_r50 (mmaction2's I3D-R50; "
-               "--inflate-from ImageNet ResNet-50 weights)", default="c3d", choices=tuple(MODELS),
-        added_later="c3d", on_resume=SHAPE)
+        MODEL, "the network, from the registry (train.models.MODELS): " +
+               "; ".join(f"{name}, {spec.title} ({spec.summary.split(':')[0]})" for name, spec in MODELS.items()) +
+               "; --inflate-from takes ImageNet ResNet-50 weights for " +
+               ", ".join(name for name, spec in MODELS.items() if spec.inflatable),
+        default="c3d", choices=tuple(MODELS), added_later="c3d", on_resume=SHAPE)
     model_width: float = option(
         MODEL, "multiplier on every channel count (and C3D's fc width); 1 is the published network",
         default=1.0, gt=0.0, on_resume=SHAPE)
