@@ -210,8 +210,8 @@ def dataset_info(root: str, crop_size: int, flag: str = "--data", cache: CacheSe
 
 def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_video: int, world_size: int, rank: int,
                   seed: int, order: str = "random", storage_order: np.ndarray | None = None, block: int = 64,
-                  window: int = 16, clip_shards: np.ndarray | None = None,
-                  shard_window: int = 4) -> DistributedClipSampler:
+                  window: int = 16, clip_shards: np.ndarray | None = None, shard_window: int = 4,
+                  sampling: str = "clips") -> DistributedClipSampler:
     """One rank's training order over videos of ``video_clips`` stored clips each.
 
     ``epoch_mode`` clips: every stored clip once per epoch; videos:
@@ -221,11 +221,16 @@ def train_sampler(video_clips: Sequence[int], *, epoch_mode: str, clips_per_vide
     blocks shuffled together, or, with ``order="shards"``, whole shards
     (``clip_shards``: each clip's shard) ``shard_window`` at a time; the last
     partial share is dropped, so every rank
-    has the same ``len()``, the clips it trains on per epoch.
+    has the same ``len()``, the clips it trains on per epoch. With
+    ``sampling`` other than clips (``--sampling``), the items are
+    ``clips_per_video`` samples of each video (``ClipDataset(spec=)``'s), each
+    once per epoch.
     """
     kw: dict[str, Any] = {"num_replicas": world_size, "rank": rank, "shuffle": True, "seed": seed, "drop_last": True,
                           "order": order, "storage_order": storage_order, "block": block, "window": window,
                           "clip_shards": clip_shards, "shard_window": shard_window}
+    if sampling != "clips":
+        return DistributedClipSampler(len(video_clips) * clips_per_video, **kw)
     if epoch_mode == "videos":
         index = np.repeat(np.arange(len(video_clips)), np.asarray(video_clips, dtype=np.int64))
         return VideoEpochSampler(index, clips_per_video=clips_per_video, **kw)
@@ -241,24 +246,17 @@ def epoch_share(root: str, shape: DataShape, *, loader: str, epoch_mode: str, cl
     TFRecord reader (``loaders.dali.route_for``) pads every rank's shard to
     the largest, in whole batches (``loaders.dali.sharding``); the samplers'
     loaders (threads, processes, DALI's source route) drop the partial share
-    and the partial last batch (``train_sampler``). With ``sampling`` other
-    than clips an epoch is ``clips_per_video`` samples of each video, read
-    by the sampler's loaders (DALI's source route included). ``dali_route``:
-    the route ``--loader dali`` takes (``dali_route``).
+    and the partial last batch (``train_sampler``, which also counts the
+    samples of videos of a ``sampling`` other than clips: DALI reads those
+    through its source route). ``dali_route``: the route ``--loader dali``
+    takes (``dali_route``).
     """
-    if sampling != "clips":
-        try:
-            sampler = DistributedClipSampler(len(shape.video_clips) * clips_per_video, num_replicas=info.world_size,
-                                             rank=info.rank, shuffle=True, seed=seed, drop_last=True)
-        except ValueError as exc:
-            raise TrainError(f"--data {root}: {exc}") from exc
-        return False, len(sampler)
     if loader == "dali" and epoch_mode == "clips":
         if route_for(root, dali_route) == "native":
             return True, max(shard_sizes(int(sum(shape.video_clips)), info.world_size))
     try:
         sampler = train_sampler(shape.video_clips, epoch_mode=epoch_mode, clips_per_video=clips_per_video,
-                                world_size=info.world_size, rank=info.rank, seed=seed)
+                                world_size=info.world_size, rank=info.rank, seed=seed, sampling=sampling)
     except ValueError as exc:  # the sampler's own checks (of the rank and world size...)
         raise TrainError(f"--data {root}: {exc}") from exc
     return False, len(sampler)
@@ -411,10 +409,6 @@ def _cfg_route(cfg: TrainConfig) -> str:
                       random_resized_crop=cfg.random_resized_crop)
 
 
-def _spec_kw(spec: SampleSpec | None) -> dict[str, Any]:
-    return {} if spec is None else {"spec": spec}
-
-
 def _readers(cfg: TrainConfig) -> dict:
     """``--loader threads``: ``--workers`` reader threads; ``processes``: DataLoader worker processes."""
     if cfg.loader == "threads":
@@ -422,9 +416,8 @@ def _readers(cfg: TrainConfig) -> dict:
     return {"workers": cfg.workers, "worker_init_fn": ignore_stop_signals}
 
 
-def _dataset(root: str, train: bool, preset: ClipPreset, cfg: TrainConfig) -> ClipDataset:
-    ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed,
-                     cache=cache_settings(cfg), spec=make_sample_spec(cfg, train))
+def _dataset(root: str, train: bool, preset: ClipPreset, spec: SampleSpec | None, cfg: TrainConfig) -> ClipDataset:
+    ds = ClipDataset(root, train=train, preset=preset, seed=cfg.seed, cache=cache_settings(cfg), spec=spec)
     # --verify-data: the CRC-32 of every payload as it is read. Set after construction because
     # ClipDataset(verify_checksums=True) would also read every shard in full first (its verify()),
     # which on Kinetics is terabytes per rank; python -m convert verify DATA is that check.
@@ -439,35 +432,27 @@ def build_train_data(cfg: TrainConfig, info: DistInfo) -> TrainData:
     if batch is None:  # with_batch gives it, before the loaders are built
         raise TrainError("--batch-size auto is not resolved yet (with_batch)")
     with reader_errors("--data", root):
-        preset = make_preset(cfg, train=True)
+        preset, spec = make_preset(cfg, train=True), make_sample_spec(cfg, train=True)
         if cfg.loader == "dali":
             if cfg.epoch_mode != "clips":
                 raise TrainError("--epoch-mode videos needs --loader threads or processes (the DALI reader samples "
                                  "clips)")
             # The DALI reader shards by rank itself (DistributedClipSampler's order)
             # and offers the sampler's set_epoch / set_position / state_dict.
-            spec = make_sample_spec(cfg, train=True)
             route = _cfg_route(cfg)
             loader = dali_builder()(root, train=True, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg), route=route, **_spec_kw(spec))
+                                     cache=cache_settings(cfg), route=route, spec=spec)
             return TrainData(loader, loader, list(loader.classes), preset.mean, preset.std, batch,
                              int(loader.steps_per_epoch), rewinds=route_for(root, route) != "native")
-        ds = _dataset(root, True, preset, cfg)
-        if ds.samples is not None:
-            sampler = DistributedClipSampler(len(ds), num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                             seed=cfg.seed, drop_last=True)
-            loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
-                                  pin_memory=info.device.type == "cuda", **_readers(cfg))
-            return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,
-                             epoch_steps(len(sampler), batch, pad_last_batch=False))
+        ds = _dataset(root, True, preset, spec, cfg)
         sampler = train_sampler(ds.store.video_clips, epoch_mode=cfg.epoch_mode, clips_per_video=cfg.clips_per_video,
                                 world_size=info.world_size, rank=info.rank, seed=cfg.seed, order=cfg.order,
                                 storage_order=ds.store.storage_order() if cfg.order == "blocks" else None,
                                 block=cfg.order_block, window=cfg.order_window,
                                 clip_shards=clip_shards(ds.store) if cfg.order == "shards" else None,
-                                shard_window=cfg.order_shards)
+                                shard_window=cfg.order_shards, sampling=cfg.sampling)
         loader = build_loader(ds, batch_size=batch, sampler=sampler, train=True, drop_last=True,
                               pin_memory=info.device.type == "cuda", **_readers(cfg))
         return TrainData(loader, sampler, list(ds.classes), preset.mean, preset.std, batch,
@@ -478,21 +463,20 @@ def build_eval_data(root: str, cfg: TrainConfig, info: DistInfo, flag: str = "--
     """Clips of ``root`` cropped as ``cfg.eval_protocol`` says, split over ranks without padding."""
     check_dataset(root, flag)
     with reader_errors(flag, root):
-        preset = make_preset(cfg, train=False)
+        preset, spec = make_preset(cfg, train=False), make_sample_spec(cfg, train=False)
         batch = cfg.eval_batch_size
-        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size, make_sample_spec(cfg, False))
+        protocol = describe_protocol(cfg.eval_protocol, cfg.eval_clips, cfg.crop_size, spec)
         if cfg.loader == "dali" and cfg.eval_protocol != "clips":
             raise TrainError(f"--eval-protocol {cfg.eval_protocol} needs --loader threads or processes (the DALI "
                              f"reader cuts one crop per clip)")
         if cfg.loader == "dali":
-            spec = make_sample_spec(cfg, train=False)
             loader = dali_builder()(root, train=False, batch_size=batch, preset=preset, rank=info.rank,
                                      world_size=info.world_size, device_id=_dali_device(info), seed=cfg.seed,
                                      workers=cfg.workers, verify=cfg.verify_data,
-                                     cache=cache_settings(cfg), route=_cfg_route(cfg), **_spec_kw(spec))
+                                     cache=cache_settings(cfg), route=_cfg_route(cfg), spec=spec)
             count = int(loader.num_clips) if spec is None else len(loader.samples)
             return EvalData(loader, list(loader.classes), preset.mean, preset.std, count, protocol)
-        ds = _dataset(root, False, preset, cfg)
+        ds = _dataset(root, False, preset, spec, cfg)
         # Items are clip (or sample) indices, or (spatial crop, index) pairs: the Dataset's (epoch, index) items,
         # whose first element the 3-crop preset reads as the crop. Samples of videos carry their temporal views
         # already (the spec's): each is taken with the 3 crops.

@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-PROTOCOLS = ("clips", "10x3")  # the names; any NxM with M in SPATIAL is taken too (parse_protocol)
 SPATIAL = (1, 3, 10)
 _NXM = re.compile(r"([1-9][0-9]{0,3})x([0-9]+)")
 
