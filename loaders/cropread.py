@@ -84,12 +84,15 @@ def _sample_params(store: ClipStore, samples: VideoSamples, preset: ClipPreset, 
 
 
 def sample_region(store: ClipStore, samples: VideoSamples, preset: ClipPreset, epoch: int, index: int, *,
-                  verify: bool = False) -> tuple[int, np.ndarray, CropParams]:
+                  verify: bool = False, out: np.ndarray | None = None) -> tuple[int, np.ndarray, CropParams]:
     """Sample ``index`` of ``samples`` (a ``SampleSpec``'s samples of videos) for ``epoch``: (its video, its
     frames' crop region, the preset's params). The region is the cut the params say (rows ``y0:y0+h``, columns
-    ``x0:x0+w`` of every frame), not yet flipped or resized: only it is ever copied out of a decoded frame."""
+    ``x0:x0+w`` of every frame), not yet flipped or resized: only it is ever copied out of a decoded frame.
+    ``out``: the array to read it into when the params take the region as it is (neither flipped nor resized:
+    the region is then ``out``); otherwise a new one."""
     v, p = _sample_params(store, samples, preset, epoch, index)
-    region = np.empty((samples.spec.length, p.h, p.w, 3), dtype=np.uint8)
+    as_is = not p.flip and (p.out_size is None or tuple(p.out_size) == (p.h, p.w))
+    region = out if out is not None and as_is else np.empty((samples.spec.length, p.h, p.w, 3), dtype=np.uint8)
     store.frames(v, samples.indices(epoch, index), out=region, at=(p.y0, p.x0), verify=verify)
     return v, region, p
 
@@ -98,11 +101,8 @@ def sample_into(store: ClipStore, samples: VideoSamples, preset: ClipPreset, epo
                 out: np.ndarray, *, verify: bool = False) -> int:
     """Sample ``index`` for ``epoch`` cut, flipped and resized by the preset into ``out`` (uint8 (T, S, S, C));
     its video number. A crop neither flipped nor resized is read into ``out`` directly."""
-    v, p = _sample_params(store, samples, preset, epoch, index)
-    if not p.flip and (p.out_size is None or tuple(p.out_size) == (p.h, p.w)):
-        store.frames(v, samples.indices(epoch, index), out=out, at=(p.y0, p.x0), verify=verify)
-    else:
-        _, region, _ = sample_region(store, samples, preset, epoch, index, verify=verify)
+    v, region, p = sample_region(store, samples, preset, epoch, index, verify=verify, out=out)
+    if region is not out:
         apply(region, dataclasses.replace(p, y0=0, x0=0), out=out)
     return v
 

@@ -142,17 +142,16 @@ class ClipPreset:
                     or not self.crop_size <= bounds[0] <= bounds[1]:
                 raise ValueError(f"short_side must be (lo, hi), integers with crop_size {self.crop_size} <= lo <= hi, "
                                  f"got {self.short_side!r}")
-            if self.multiscale is not None:
-                raise ValueError("short_side and multiscale are two ways to scale the crop: give one")
             object.__setattr__(self, "short_side", bounds)
         if self.random_resized is not None:
             area = tuple(float(a) for a in self.random_resized)
             if len(area) != 2 or not 0.0 < area[0] <= area[1] <= 1.0:
                 raise ValueError(f"random_resized must be (lo, hi), fractions of the frame's area with 0 < lo <= hi "
                                  f"<= 1, e.g. (0.08, 1.0); got {self.random_resized!r}")
-            if self.multiscale is not None or self.short_side is not None:
-                raise ValueError("random_resized, multiscale and short_side are ways to scale the crop: give one")
             object.__setattr__(self, "random_resized", area)
+        scaling = [name for name in ("multiscale", "short_side", "random_resized") if getattr(self, name) is not None]
+        if len(scaling) > 1:
+            raise ValueError(f"{' and '.join(scaling)} are ways to scale the crop: give one")
         if self.spatial_crops not in SPATIAL_CROPS or (self.train and self.spatial_crops != 1):
             raise ValueError(f"spatial_crops must be one of {SPATIAL_CROPS} (3 and 10 for evaluation only), "
                              f"got {self.spatial_crops!r}")
@@ -209,25 +208,18 @@ class ClipPreset:
             raise ValueError(f"epoch and index must be >= 0, got epoch {epoch}, index {index}")
         rng = KeyedDraws(self.seed, int(epoch), int(index))
         t0 = rng.integers(t_all - length + 1)
-        out_size = None
         if self.multiscale is not None:
             scale = self.multiscale[rng.integers(len(self.multiscale))]
             short = min(h_all, w_all)
-            side = min(short, max(1, int(round(short * scale))))
-            if side != self.crop_size:
-                out_size = (self.crop_size, self.crop_size)
+            h = w = min(short, max(1, int(round(short * scale))))
         elif self.short_side is not None:
             lo, hi = self.short_side
-            side = self._scaled_side(lo + rng.integers(hi - lo + 1), h_all, w_all)
-            if side != self.crop_size:
-                out_size = (self.crop_size, self.crop_size)
-        elif self.random_resized is None:
-            side = self._check_fits(self.crop_size, h_all, w_all)
-        if self.random_resized is not None:
+            h = w = self._scaled_side(lo + rng.integers(hi - lo + 1), h_all, w_all)
+        elif self.random_resized is not None:
             h, w = self._resized_region(rng, h_all, w_all, self.random_resized)
-            out_size = (self.crop_size, self.crop_size)
         else:
-            h = w = side
+            h = w = self._check_fits(self.crop_size, h_all, w_all)
+        out_size = None if (h, w) == (self.crop_size, self.crop_size) else (self.crop_size, self.crop_size)
         y0 = rng.integers(h_all - h + 1)
         x0 = rng.integers(w_all - w + 1)
         flip = rng.uniform() < 0.5 and self.flip

@@ -56,6 +56,14 @@ class StoredClip:
     payload: memoryview
     where: str
 
+    def codec(self, *, verify: bool = False) -> Codec:
+        """The codec of this clip's payload, its CRC-32 checked first when ``verify`` (always for a payload
+        decoded by FFmpeg: ``Payload.crc_checked``, the rule every reader follows)."""
+        codec = codec_for_id(self.header.codec_id)
+        if codec.payload.crc_checked(verify):
+            check_crc(self.payload, self.header)
+        return codec
+
     @contextlib.contextmanager
     def named(self) -> Iterator[None]:
         """A FormatError raised inside comes out naming this clip's shard and clip, in one line."""
@@ -283,10 +291,8 @@ class ClipStore(Sequence):
         with contextlib.closing(self.read([i])) as clips:
             for clip in clips:
                 with clip.named():
-                    header, codec = clip.header, codec_for_id(clip.header.codec_id)
-                    if codec.payload.crc_checked(verify):
-                        check_crc(clip.payload, header)
-                    frames = np.array(codec.decode(clip.payload, header.shape))
+                    header = clip.header
+                    frames = np.array(clip.codec(verify=verify).decode(clip.payload, header.shape))
         return ClipSample(frames, header.label, header.video_id, header.clip_index)
 
     def frame_shape(self, video: int) -> tuple[int, int]:
@@ -343,20 +349,17 @@ class ClipStore(Sequence):
             past = chunk >= last
             chunk[past], within[past] = last, idx[past] - tail_start
         touched = np.unique(chunk)
-        rows = {int(c): np.flatnonzero(chunk == c) for c in touched.tolist()}
+        rows = [np.flatnonzero(chunk == c) for c in touched.tolist()]  # of out, for each clip touched
 
         with contextlib.closing(self.read((first + touched).tolist())) as clips:
             for clip in clips:
                 with clip.named():
-                    header, payload = clip.header, clip.payload
-                    codec = codec_for_id(header.codec_id)
-                    if codec.payload.crc_checked(verify):
-                        check_crc(payload, header)
-                    mine, picks = rows[int(touched[clip.position])], within[rows[int(touched[clip.position])]]
+                    codec, shape, mine = clip.codec(verify=verify), clip.header.shape, rows[clip.position]
+                    picks = within[mine].tolist()
                     if mine[-1] - mine[0] + 1 == mine.size:  # this clip's rows are a run of out: decoded straight in
-                        codec.frames_at(payload, header.shape, picks.tolist(), out[mine[0]:mine[-1] + 1], at=at)
+                        codec.frames_at(clip.payload, shape, picks, out[mine[0]:mine[-1] + 1], at=at)
                     else:
-                        out[mine] = codec.frames_at(payload, header.shape, picks.tolist(),
+                        out[mine] = codec.frames_at(clip.payload, shape, picks,
                                                     np.empty((mine.size, *out.shape[1:]), dtype=np.uint8), at=at)
         return out
 
