@@ -15,7 +15,7 @@ from train.data import dataset_info
 from train.main import main
 
 from .loaders_fixtures import copy_conversion, loader_base, rewrite_value, short_side_root  # noqa: F401
-from .train_fixtures import assert_states_equal, common, cpu_config, final_state, tiny_data, tiny_tfrecord  # noqa: F401
+from .train_fixtures import common, cpu_config, final_state, resumed_equals_unbroken, tiny_data, tiny_tfrecord  # noqa: F401
 
 
 def test_fixed_size_conversion(tiny_data):
@@ -167,16 +167,10 @@ def test_sampling_settings_that_do_not_go_together_are_refused(tiny_data, tmp_pa
 def test_a_run_of_samples_resumed_mid_epoch_ends_as_the_unbroken_run(tiny_data, tmp_path):
     """The samples' draws are keyed by (seed, epoch, sample), as the crops are: stopped after 3 of an epoch's 5
     steps and resumed, a run of --sampling window ends with the unbroken run's weights, bit for bit."""
-    from train.main import run_argv
-
     args = ["--sampling", "window", "--clip-len", "16", "--frame-step", "2", "--clips-per-video", "2",
             "--batch-size", "8", "--optimizer", "adamw", "--lr", "1e-3", "--ckpt-every", "1", "--epochs", "2"]
-    run_argv(common(tiny_data, tmp_path / "a") + args)
-    run_argv(common(tiny_data, tmp_path / "b") + args + ["--max-steps", "3"])
-    run_argv(common(tiny_data, tmp_path / "b") + args + ["--resume"])
-    a, b = final_state(tmp_path / "a"), final_state(tmp_path / "b")
-    assert a["step"] == b["step"] == 10
-    assert_states_equal(a["model"], b["model"])
+    a, _ = resumed_equals_unbroken(tiny_data, tmp_path, args)
+    assert a["step"] == 10
 
 
 def test_a_short_side_scale_in_the_trainer(tiny_data, tmp_path):

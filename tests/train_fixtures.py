@@ -96,6 +96,21 @@ def assert_states_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+def resumed_equals_unbroken(data: str, tmp_path, args: list[str], *, stop: int = 3) -> tuple[dict, dict]:
+    """Train ``args`` on ``data`` unbroken (``tmp_path/a``), and stopped after ``stop`` steps then resumed
+    (``tmp_path/b``); assert both end at the same step with the same weights, bit for bit. Returns both final
+    states."""
+    from train.main import run_argv
+
+    run_argv(common(data, tmp_path / "a") + args)
+    run_argv(common(data, tmp_path / "b") + args + ["--max-steps", str(stop)])
+    run_argv(common(data, tmp_path / "b") + args + ["--resume"])
+    a, b = final_state(tmp_path / "a"), final_state(tmp_path / "b")
+    assert a["step"] == b["step"]
+    assert_states_equal(a["model"], b["model"])
+    return a, b
+
+
 def one_line_error(capsys) -> str:
     """The message ``python -m train`` printed, after asserting stderr is one ``train: error:`` line."""
     err = capsys.readouterr().err.strip()

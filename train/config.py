@@ -67,6 +67,15 @@ DATA, MODEL, OPTIM, RUN = "data", "model", "optimisation", "run"
 SHAPE, ORDER, FREE = RESUME_SHAPE, RESUME_DATA, RESUME_FREE
 
 
+def _numbers(text: str, kind: type[float] | type[int]) -> tuple:
+    """The comma-separated numbers of an option's text (``1,0.875``, ``256,320``); () when one is not a number of
+    ``kind``: the option's own check then says what it expects."""
+    try:
+        return tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        return ()
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Every setting of one training run, as resolved values (see the module docstring).
@@ -394,10 +403,7 @@ class TrainConfig:
         """``--crop-scales`` as numbers (None when not given); a one-line TrainError when it does not parse."""
         if self.crop_scales is None:
             return None
-        try:
-            scales = tuple(float(part) for part in self.crop_scales.split(","))
-        except ValueError:
-            scales = ()
+        scales = _numbers(self.crop_scales, float)
         if not scales or not all(0.0 < s <= 1.0 for s in scales):
             raise TrainError(f"--crop-scales {self.crop_scales}: expected fractions of the short side in (0, 1], "
                              f"comma-separated, e.g. 1,0.875,0.75,0.66")
@@ -408,10 +414,7 @@ class TrainConfig:
         or is smaller than the crop."""
         if self.short_side_scale is None:
             return None
-        try:
-            parts = tuple(int(part) for part in self.short_side_scale.split(","))
-        except ValueError:
-            parts = ()
+        parts = _numbers(self.short_side_scale, int)
         bounds = (parts[0], parts[-1]) if len(parts) in (1, 2) else (0, 0)
         if not (self.crop_size or 1) <= bounds[0] <= bounds[1]:
             raise TrainError(f"--short-side-scale {self.short_side_scale}: expected LO or LO,HI, whole pixels with "
@@ -423,10 +426,7 @@ class TrainConfig:
         parse."""
         if self.random_resized_crop is None:
             return None
-        try:
-            parts = tuple(float(part) for part in self.random_resized_crop.split(","))
-        except ValueError:
-            parts = ()
+        parts = _numbers(self.random_resized_crop, float)
         if len(parts) != 2 or not 0.0 < parts[0] <= parts[1] <= 1.0:
             raise TrainError(f"--random-resized-crop {self.random_resized_crop}: expected LO,HI, fractions of the "
                              f"frame's area with 0 < LO <= HI <= 1, e.g. 0.08,1")
