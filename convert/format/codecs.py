@@ -100,23 +100,14 @@ class PerFrameCodec(Codec):
 
     def window(self, payload: bytes | memoryview, shape: tuple[int, ...], t0: int, t: int,
                out: np.ndarray | None = None) -> np.ndarray:
-        # Each frame is decoded straight into its row of ``out``: a fresh array
-        # per frame, freed at once, costs page faults and, with several reader
-        # threads in one process, stalls them all (two threads scaled far
-        # better decoding in place: docs/benchmarks.md).
-        view = memoryview(payload)
-        offsets, sizes = self.parts(view, shape)
-        out = _window_out(shape, t0, t, out)
-        starts, lengths = offsets[t0:t0 + t].tolist(), sizes[t0:t0 + t].tolist()
-        for k in range(t):
-            self.decode_frame_into(view[starts[k]:starts[k] + lengths[k]], shape, t0 + k, out[k])
-        return out
-
+        return self.frames_at(payload, shape, range(t0, t0 + t), _window_out(shape, t0, t, out))
 
     def frames_at(self, payload: bytes | memoryview, shape: tuple[int, ...], picks: Sequence[int],
                   out: np.ndarray, *, at: tuple[int, int] = (0, 0)) -> np.ndarray:
-        # Only the frames picked are decoded, each once (a repeat is copied); a whole frame goes straight into
-        # its row of ``out``, a cropped one through one scratch frame.
+        # Only the frames picked are decoded, each once (a repeat is copied). A whole frame is decoded straight
+        # into its row of ``out``: a fresh array per frame, freed at once, costs page faults and, with several
+        # reader threads in one process, stalls them all (two threads scaled far better decoding in place:
+        # docs/benchmarks.md); a cropped one goes through one scratch frame.
         js = _picks_out(shape, picks, out, at)
         view = memoryview(payload)
         offsets, sizes = self.parts(view, shape)

@@ -51,7 +51,6 @@ _COLORSPACE_BT601 = 5  # AVCOL_SPC_BT470BG: the BT.601 matrix
 _RANGE_FULL = 2  # AVCOL_RANGE_JPEG
 # IVF's time base: one tick a frame (the clips' frame rate is the manifest's, not the payload's).
 _TIME_BASE = Fraction(1, 25)
-_NO_PARTS = np.zeros(0, dtype=np.int64)  # a stream payload is one part: check_framing reads the whole payload
 
 
 def _even(n: int) -> int:
@@ -211,7 +210,7 @@ class VideoCodec(Codec):
 
         # The stream's own headers first (nothing decoded): a stream that says it codes other pictures than the
         # clip's, or more of them, is refused before the decoder sizes anything by it.
-        self.check_framing(payload, shape, _NO_PARTS, _NO_PARTS)
+        self.check_framing(payload, shape, *self.parts(payload, shape))
         cc = cast("av.VideoCodecContext", av.CodecContext.create(self.decoder_name, "r"))
         cc.thread_count = 1
         height, width = coded_size(shape)
@@ -251,7 +250,6 @@ class VideoCodec(Codec):
                 except av.FFmpegError as exc:  # libswscale's, said as pictures() says the decoder's
                     raise FormatError(f"{self.name} payload does not decode (frame {n}): {exc}") from exc
         return out
-
 
     def frames_at(self, payload: bytes | memoryview, shape: tuple[int, ...], picks: Sequence[int],
                   out: np.ndarray, *, at: tuple[int, int] = (0, 0)) -> np.ndarray:

@@ -152,7 +152,8 @@ class _StreamGate:
         problem = self.store.manifest.data.shape_problem(header)
         if problem is None:
             try:
-                self.store.codec.check_framing(payload, header, _NO_PARTS, _NO_PARTS)
+                codec = self.store.codec
+                codec.check_framing(payload, header, *codec.parts(payload, header))
             except FormatError as exc:
                 problem = str(exc)
         if problem is None:
@@ -163,9 +164,6 @@ class _StreamGate:
             f"{self.store.root}: video {video!r}"
         self.refusal = FormatError(f"{where}: {problem}")
         raise self.refusal
-
-
-_NO_PARTS = np.zeros(0, dtype=np.int64)
 
 
 def _pack(mask: np.ndarray) -> str:
